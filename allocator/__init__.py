@@ -1,0 +1,27 @@
+"""A strictly FIFO-fair pool of named resources shared through Redis.
+
+>>> pool = FairAllocator(redis.Redis(), "proxies")          # doctest: +SKIP
+>>> pool.extend(["http://10.0.0.1:3128", "http://10.0.0.2:3128"])
+>>> with pool.lease(timeout=10) as proxy:
+...     fetch(url, proxy=proxy.resource, fence=proxy.token)
+"""
+
+from ._async import AsyncFairAllocator
+from ._sync import FairAllocator
+from ._values import GCReport, Lease, PoolStatus, ResourceStatus
+from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcquireTimeout",
+    "AllocatorError",
+    "AsyncFairAllocator",
+    "FairAllocator",
+    "GCReport",
+    "Lease",
+    "LeaseLost",
+    "PoolStatus",
+    "ResourceStatus",
+    "UnknownResource",
+]

@@ -1,0 +1,312 @@
+"""`AsyncFairAllocator`: the asyncio shell around the core.
+
+Waiters of one allocator object share one signal list and one blocking
+reader (:class:`_Router`), which routes each grant to its waiter: ten
+thousand waiting tasks use one connection for waiting, and one heartbeat
+a second keeps all of them alive in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator, Dict, Iterable, Literal, Optional, Set, Tuple, TypeVar, overload
+
+from . import _core
+from ._core import Call, Flow, Pool, Step, Wait
+from ._scripts import register
+from ._sync import heartbeat_for
+from ._values import GCReport, Lease, PoolStatus
+from .errors import LeaseLost
+
+__all__ = ["AsyncFairAllocator"]
+
+T = TypeVar("T")
+
+
+class AsyncFairAllocator:
+    """Same as :class:`~allocator.FairAllocator`, for asyncio: every method
+    is a coroutine, and ``lease()`` is an async context manager.
+
+    ``client`` is a ``redis.asyncio.Redis`` or
+    ``redis.asyncio.cluster.RedisCluster`` (or fakeredis ``FakeAsyncRedis``).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        lease_ttl: float = 60.0,
+        bind_ttl: float = 3600.0,
+        prefix: str = "alloc",
+    ) -> None:
+        self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        self._client = client
+        self._scripts = register(client)
+        self._heartbeat = heartbeat_for(client)
+        self._router: Optional[_Router] = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._pool.name!r}, prefix={self._pool.prefix!r})"
+
+    @property
+    def name(self) -> str:
+        return self._pool.name
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    # -- the driver -----------------------------------------------------------
+
+    async def _drive(self, steps: Flow[T]) -> T:
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            reply, error = None, None
+            try:
+                reply = await self._step(step)
+            except BaseException as exc:  # handed to the flow, which decides
+                error = exc
+
+    async def _step(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            return await self._scripts[step.script](keys=step.keys, args=step.args)
+        if isinstance(step, Wait):
+            return await self._get_router().wait(step.lid, step.timeout)
+        await asyncio.sleep(step.seconds)
+        return None
+
+    def _get_router(self) -> _Router:
+        loop = asyncio.get_running_loop()
+        if self._router is None or self._router.loop is not loop:
+            self._router = _Router(self, loop)
+        return self._router
+
+    # -- leasing --------------------------------------------------------------
+
+    @overload
+    async def acquire(
+        self,
+        timeout: Optional[float] = ...,
+        *,
+        ttl: Optional[float] = ...,
+        bind: Optional[str] = ...,
+        blocking: Literal[True] = ...,
+    ) -> Lease: ...
+
+    @overload
+    async def acquire(
+        self,
+        timeout: Optional[float] = ...,
+        *,
+        ttl: Optional[float] = ...,
+        bind: Optional[str] = ...,
+        blocking: bool,
+    ) -> Optional[Lease]: ...
+
+    async def acquire(
+        self,
+        timeout: Optional[float] = None,
+        *,
+        ttl: Optional[float] = None,
+        bind: Optional[str] = None,
+        blocking: bool = True,
+    ) -> Optional[Lease]:
+        """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
+        Cancelling the task leaves the queue."""
+        flow = self._pool.acquire(timeout, ttl, bind, blocking, shared=True, heartbeat=None)
+        router = self._get_router()
+        router.register(flow.lid)
+        try:
+            return await self._drive(flow.steps)
+        finally:
+            router.unregister(flow.lid)
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self,
+        timeout: Optional[float] = None,
+        *,
+        ttl: Optional[float] = None,
+        bind: Optional[str] = None,
+        keepalive: bool = False,
+    ) -> AsyncIterator[Lease]:
+        """Same as :meth:`FairAllocator.lease <allocator.FairAllocator.lease>`, as
+        ``async with``; ``keepalive`` renews from a task."""
+        if not isinstance(keepalive, bool):
+            raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
+        held = await self.acquire(timeout, ttl=ttl, bind=bind)
+        keeper = _Keeper(self, held) if keepalive else None
+        try:
+            yield held
+        except BaseException:
+            if keeper is not None:
+                await keeper.stop()
+            with contextlib.suppress(Exception):
+                await self.release(held)
+            raise
+        lost = await keeper.stop() if keeper is not None else None
+        if not await self.release(held) or lost is not None:
+            raise lost or LeaseLost(self.name, held.resource, held.token, "lost while held")
+
+    async def renew(self, lease: Lease, ttl: Optional[float] = None) -> Lease:
+        """Same as :meth:`FairAllocator.renew <allocator.FairAllocator.renew>`, awaitable."""
+        return await self._drive(self._pool.renew(lease, ttl))
+
+    async def release(self, lease: Lease, *, quarantine: Optional[float] = None) -> bool:
+        """Same as :meth:`FairAllocator.release <allocator.FairAllocator.release>`, awaitable."""
+        return await self._drive(self._pool.release(lease, quarantine))
+
+    # -- administration -------------------------------------------------------
+
+    async def extend(
+        self,
+        resources: Iterable[str],
+        *,
+        capacity: int = 1,
+        priority: float = 0,
+        rate: Optional[Tuple[int, float]] = None,
+    ) -> int:
+        """Same as :meth:`FairAllocator.extend <allocator.FairAllocator.extend>`, awaitable."""
+        return await self._drive(self._pool.extend(resources, capacity, priority, rate))
+
+    async def remove(self, resources: Iterable[str], *, force: bool = False) -> int:
+        """Same as :meth:`FairAllocator.remove <allocator.FairAllocator.remove>`, awaitable."""
+        return await self._drive(self._pool.remove(resources, force))
+
+    async def bind(self, name: str, resource: str) -> None:
+        """Same as :meth:`FairAllocator.bind <allocator.FairAllocator.bind>`, awaitable."""
+        return await self._drive(self._pool.bind(name, resource))
+
+    async def unbind(self, name: str) -> bool:
+        """Same as :meth:`FairAllocator.unbind <allocator.FairAllocator.unbind>`, awaitable."""
+        return await self._drive(self._pool.unbind(name))
+
+    async def status(self) -> PoolStatus:
+        """Same as :meth:`FairAllocator.status <allocator.FairAllocator.status>`, awaitable."""
+        return await self._drive(self._pool.status())
+
+    async def gc(self) -> GCReport:
+        """Same as :meth:`FairAllocator.gc <allocator.FairAllocator.gc>`, awaitable."""
+        return await self._drive(self._pool.gc())
+
+
+class _Router:
+    """One blocking reader per allocator and event loop.
+
+    It pops the client's signal list and hands each message to the waiter it
+    names. A grant for a waiter that already left is released, so that it
+    passes on at once instead of after the pick-up window. Once a heartbeat
+    interval it runs the client-level poll that keeps all local waiters
+    alive; if the pool's epoch changed (its data was lost) or the loop was
+    stalled past the liveness window, every waiter checks its ticket.
+    The reader ends when no waiter is left.
+    """
+
+    def __init__(self, owner: AsyncFairAllocator, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._owner = owner
+        self._pool = owner._pool
+        self._key = self._pool.signal_key(self._pool.client_id)
+        self._queues: Dict[str, asyncio.Queue[Any]] = {}
+        self._reader: Optional[asyncio.Task[None]] = None
+        self._chores: Set[asyncio.Task[Any]] = set()
+        self._epoch: Optional[str] = None
+
+    def register(self, lid: str) -> None:
+        self._queues[lid] = asyncio.Queue()
+
+    def unregister(self, lid: str) -> None:
+        self._queues.pop(lid, None)
+
+    async def wait(self, lid: str, timeout: Optional[float]) -> Any:
+        if self._reader is None:
+            self._reader = self.loop.create_task(self._read())
+        queue = self._queues[lid]
+        try:
+            return await asyncio.wait_for(queue.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    def _recheck_all(self) -> None:
+        for queue in self._queues.values():
+            queue.put_nowait(_core.RECHECK)
+
+    def _route(self, message: Any) -> None:
+        queue = self._queues.get(self._pool.message_target(message))
+        if queue is not None:
+            queue.put_nowait(message)
+            return
+        release = self._pool.release_message(message)
+        if release is not None:
+            chore = self.loop.create_task(self._owner._drive(self._pool._single(release)))
+            self._chores.add(chore)
+            chore.add_done_callback(self._chores.discard)
+
+    async def _beat(self) -> None:
+        epoch = await self._owner._drive(self._pool._single(self._pool.heartbeat(self._key)))
+        if self._epoch is not None and epoch != self._epoch:
+            self._recheck_all()
+        self._epoch = epoch
+
+    async def _read(self) -> None:
+        client, interval = self._owner._client, self._owner._heartbeat
+        last_beat = self.loop.time()
+        try:
+            while self._queues:
+                now = self.loop.time()
+                if now - last_beat >= interval:
+                    try:
+                        await self._beat()
+                    except _core.TRANSPORT_ERRORS:
+                        await asyncio.sleep(0.1)
+                        continue
+                    if now - last_beat > _core.ALIVE:
+                        # Stalled long enough to look dead: tickets may be gone.
+                        self._recheck_all()
+                    last_beat = now
+                timeout = max(0.01, interval - (self.loop.time() - last_beat))
+                try:
+                    popped = await client.blpop([self._key], timeout=timeout)
+                except _core.TRANSPORT_ERRORS:
+                    await asyncio.sleep(0.1)
+                    continue
+                if popped is not None:
+                    self._route(popped[1])
+        finally:
+            # No await between the last check of the queues and this line, so
+            # a waiter that registers now sees no reader and starts one.
+            self._reader = None
+
+
+class _Keeper:
+    """Renews a lease every ttl/3 from a task until stopped."""
+
+    def __init__(self, owner: AsyncFairAllocator, lease: Lease) -> None:
+        self._owner = owner
+        self._lease = lease
+        self._lost: Optional[LeaseLost] = None
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease.ttl / 3)
+            try:
+                self._lease = await self._owner.renew(self._lease)
+            except LeaseLost as lost:
+                self._lost = lost
+                return
+            except Exception:  # a transport error: try again next interval
+                continue
+
+    async def stop(self) -> Optional[LeaseLost]:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return self._lost

@@ -1,0 +1,659 @@
+"""The I/O-free core that `FairAllocator` and `AsyncFairAllocator` share.
+
+Everything that decides anything lives here: argument checks, the pool's key
+names, the script call of each operation and the parsing of its reply into a
+value or an exception. An operation is a generator of *steps*:
+
+- :class:`Call`: run this script, send me its reply;
+- :class:`Wait`: block on this signal list for up to N seconds, send me the
+  message (or None on timeout);
+- :class:`Sleep`: back off for N seconds.
+
+The shells (`_sync.py`, `_async.py`) only carry steps out, with blocking or
+awaiting I/O. A transport error raised by a step is thrown back into the
+generator, which decides whether to retry; the same goes for
+``KeyboardInterrupt`` and task cancellation, which make a waiting acquire
+leave the queue before the exception goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from typing import (
+    Any,
+    Callable,
+    Generator,
+    Generic,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+import attrs
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._values import GCReport, Lease, PoolStatus, ResourceStatus
+from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
+
+__all__ = [
+    "ALIVE",
+    "HEARTBEAT",
+    "Call",
+    "Flow",
+    "Pool",
+    "Sleep",
+    "Step",
+    "Wait",
+]
+
+T = TypeVar("T")
+
+#: Longest a waiter blocks on its signal list before it looks again and
+#: refreshes its liveness mark. Kept well under redis-py's default socket
+#: timeout (5 s), so that a blocking read never trips it.
+HEARTBEAT = 1.0
+#: A client whose waiters have not looked again for this long counts as gone:
+#: its tickets are dropped from the queue. Several heartbeats, so that one
+#: slow round trip does not cost a live waiter its place.
+ALIVE = 4.0
+#: Resources per script run in extend/remove, so one huge call does not
+#: block the server for long; each run leaves the pool consistent.
+CHUNK = 500
+#: Entries per gc step.
+GC_COUNT = 100
+#: Own retries of a single-call operation on a transport error.
+ATTEMPTS = 3
+
+MAX_NAME = 200
+MAX_RESOURCE = 1024
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+
+TRANSPORT_ERRORS = (RedisConnectionError, RedisTimeoutError)
+
+KEY_SUFFIXES = (
+    "meta", "res", "gone", "free", "park", "q", "recs", "exp", "bind", "bexp", "alive", "rlog",
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# Steps
+# --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Call(Generic[T]):
+    """Run script ``script`` with these keys and args; ``parse`` reads the reply."""
+
+    script: str
+    keys: Tuple[str, ...]
+    args: Tuple[Union[str, int], ...]
+    parse: Callable[[Any], T] = attrs.field(repr=False)
+
+
+class Wait(NamedTuple):
+    """Block on signal list ``key`` for up to ``timeout`` seconds (None: no limit).
+
+    ``lid`` names the waiter, for a shell that routes one list to many waiters.
+    """
+
+    key: str
+    lid: str
+    timeout: Optional[float]
+
+
+class Sleep(NamedTuple):
+    seconds: float
+
+
+Step = Union[Call[Any], Wait, Sleep]
+Flow = Generator[Step, Any, T]
+
+#: Put on a waiter's queue by the asyncio router to make it poll once.
+RECHECK = "r|"
+
+
+# --------------------------------------------------------------------------
+# Argument checks: all before any I/O, each naming its argument.
+# --------------------------------------------------------------------------
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    number = float(value)
+    if math.isnan(number):
+        raise ValueError(f"{name} must be a number, not NaN")
+    return number
+
+
+def _seconds(name: str, value: object, *, minimum: float = 0.001) -> float:
+    """A positive duration, at least ``minimum`` seconds."""
+    number = _number(name, value)
+    if not minimum <= number <= MAX_SECONDS:
+        raise ValueError(f"{name} must be between {minimum} and {MAX_SECONDS:.0f} seconds, got {value!r}")
+    return number
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _timeout(value: object) -> Optional[float]:
+    if value is None:
+        return None
+    number = _number("timeout", value)
+    if number < 0:
+        raise ValueError(f"timeout must be >= 0 or None, got {value!r}")
+    return None if math.isinf(number) else number
+
+
+def _text(name: str, value: object, limit: int) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not 1 <= len(value) <= limit:
+        raise ValueError(f"{name} must be 1 to {limit} characters long, got {len(value)}")
+    if not value.isprintable():
+        raise ValueError(f"{name} must be printable text (no control characters): {value[:50]!r}")
+    return value
+
+
+def _resources(resources: object) -> List[str]:
+    if isinstance(resources, (str, bytes)):
+        raise TypeError("resources must be an iterable of str, not a single string")
+    if not isinstance(resources, Iterable):
+        raise TypeError(f"resources must be an iterable of str, not {type(resources).__name__}")
+    names = [_text("resources", name, MAX_RESOURCE) for name in resources]
+    return list(dict.fromkeys(names))
+
+
+def _escape(text: str) -> str:
+    # Braces would break (or move) the cluster hash tag; % keeps it reversible.
+    return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _decode(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, str):
+        return value
+    return str(value)
+
+
+# --------------------------------------------------------------------------
+# Reply parsing: every script reply is read here.
+# --------------------------------------------------------------------------
+
+
+def _tagged(op: str, reply: Any) -> Tuple[str, List[Any]]:
+    if not isinstance(reply, (list, tuple)) or not reply:
+        raise AllocatorError(f"unexpected reply to {op}: {reply!r} (Lua and Python out of step?)")
+    return _decode(reply[0]), list(reply[1:])
+
+
+def _unexpected(op: str, reply: Any) -> AllocatorError:
+    return AllocatorError(f"unexpected reply to {op}: {reply!r} (Lua and Python out of step?)")
+
+
+_GONE = "gone"
+_BUSY = "busy"
+#: What a waiter learns about its ticket: granted, still queued (ticket and
+#: ms until it should look again, or None), gone from the queue, or busy.
+State = Union[Lease, Tuple[str, Optional[float]], str]
+
+
+@attrs.define(eq=False)
+class Pool:
+    """A pool's identity and settings, and the builder of its operations."""
+
+    name: str
+    prefix: str
+    lease_ttl: float
+    bind_ttl: float
+    keys: Tuple[str, ...]
+    _pid: int = attrs.field(default=0, repr=False)
+    _cid: str = attrs.field(default="", repr=False)
+
+    @classmethod
+    def create(cls, name: object, *, lease_ttl: object, bind_ttl: object, prefix: object) -> Pool:
+        name = _text("name", name, MAX_NAME)
+        prefix = _text("prefix", prefix, MAX_NAME)
+        base = f"{_escape(prefix)}:{{{_escape(name)}}}"
+        keys = tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES) + (f"{base}:s:",)
+        return cls(
+            name=name,
+            prefix=prefix,
+            lease_ttl=_seconds("lease_ttl", lease_ttl),
+            bind_ttl=_seconds("bind_ttl", bind_ttl),
+            keys=keys,
+        )
+
+    # -- identity -----------------------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """This process's id in the pool's liveness marks.
+
+        A new one after ``fork``: a child must not keep its parent's waiters
+        alive, nor be kept alive by them.
+        """
+        pid = os.getpid()
+        if self._pid != pid:
+            self._pid, self._cid = pid, secrets.token_urlsafe(9)
+        return self._cid
+
+    def signal_key(self, suffix: str) -> str:
+        return self.keys[-1] + suffix
+
+    # -- leases ---------------------------------------------------------------
+
+    def _lease(self, lid: str, fields: List[Any]) -> Lease:
+        ticket, token, granted_us, deadline_ms, ttl_ms, resource = (_decode(f) for f in fields)
+        return Lease(
+            resource=resource,
+            token=int(token),
+            id=lid,
+            ticket=ticket,
+            expires_at=int(deadline_ms) / 1000,
+            ttl=int(ttl_ms) / 1000,
+            granted_at=int(granted_us) / 1e6,
+            pool=self.name,
+        )
+
+    def _state(self, op: str, lid: str, reply: Any) -> State:
+        tag, rest = _tagged(op, reply)
+        if tag == "granted" and len(rest) == 6:
+            return self._lease(lid, rest)
+        if tag == "queued" and len(rest) == 2:
+            hint = int(rest[1])
+            return (_decode(rest[0]), None if hint < 0 else hint / 1000)
+        if tag in (_GONE, _BUSY) and not rest:
+            return tag
+        raise _unexpected(op, reply)
+
+    def _message(self, message: Any, lid: str, ticket: str) -> Union[Lease, float, str, None]:
+        """A message from the signal list: this waiter's grant, a hint (seconds
+        until it should look again), RECHECK, or None for anything stale."""
+        text = _decode(message)
+        if text == RECHECK:
+            return RECHECK
+        kind, _, rest = text.partition("|")
+        if kind == "g":
+            fields = rest.split("|", 5)
+            if len(fields) == 6 and fields[0] == lid and fields[1] == ticket:
+                _, _, token, granted_us, ttl_ms, resource = fields
+                deadline_ms = int(granted_us) // 1000 + int(ttl_ms)
+                return self._lease(lid, [ticket, token, granted_us, deadline_ms, ttl_ms, resource])
+        elif kind == "h":
+            target, _, delay = rest.partition("|")
+            if target == lid:
+                return int(delay) / 1000
+        return None
+
+    def _check_lease(self, lease: object) -> Lease:
+        if not isinstance(lease, Lease):
+            raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
+        if lease.pool != self.name:
+            raise ValueError(f"lease belongs to pool {lease.pool!r}, not {self.name!r}")
+        return lease
+
+    def _ttl_ms(self, ttl: object) -> int:
+        return _ms(self.lease_ttl if ttl is None else _seconds("ttl", ttl))
+
+    # -- retries --------------------------------------------------------------
+
+    @staticmethod
+    def _retrying(
+        call: Call[T], *, deadline: Optional[float] = None, attempts: Optional[int] = None
+    ) -> Flow[T]:
+        """Run ``call``, retrying transport errors with backoff: until
+        ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
+        Every script is safe to run again after a reply was lost."""
+        delay, tries = 0.05, 0
+        while True:
+            tries += 1
+            try:
+                reply = yield call
+            except TRANSPORT_ERRORS:
+                out_of_time = deadline is not None and time.monotonic() + delay >= deadline
+                if out_of_time or (attempts is not None and tries >= attempts):
+                    raise
+                yield Sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            return call.parse(reply)
+
+    def _single(self, call: Call[T]) -> Flow[T]:
+        return (yield from self._retrying(call, attempts=ATTEMPTS))
+
+    # -- acquire --------------------------------------------------------------
+
+    def acquire(
+        self,
+        timeout: object,
+        ttl: object,
+        bind: object,
+        blocking: object,
+        *,
+        shared: bool,
+        heartbeat: Optional[float],
+    ) -> Acquire:
+        """Check the arguments and build a blocking acquire.
+
+        ``shared``: the waiter listens on its client's list (asyncio router),
+        not on a list of its own. ``heartbeat``: longest single wait before
+        the waiter polls by itself (None: a router keeps the client alive).
+        """
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = _timeout(timeout)
+        ttl_ms = self._ttl_ms(ttl)
+        bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
+        lid = secrets.token_urlsafe(16)
+        mode = "c" if shared else "l"
+        cid = self.client_id
+        key = self.signal_key(cid if shared else lid)
+        steps = self._acquire(lid, cid, mode, key, wait, ttl_ms, bind_name, blocking, heartbeat)
+        return Acquire(lid=lid, key=key, steps=steps)
+
+    def _acquire(
+        self,
+        lid: str,
+        cid: str,
+        mode: str,
+        key: str,
+        timeout: Optional[float],
+        ttl_ms: int,
+        bind: Optional[str],
+        blocking: bool,
+        heartbeat: Optional[float],
+    ) -> Flow[Optional[Lease]]:
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        keys = self.keys + (key,)
+        alive_ms = _ms(ALIVE)
+        enqueue: Call[State] = Call(
+            "acquire",
+            keys,
+            (lid, cid, mode, ttl_ms, alive_ms, "1" if blocking else "0",
+             bind or "", _ms(self.bind_ttl)),
+            lambda reply: self._state("acquire", lid, reply),
+        )  # fmt: skip
+        poll: Call[State] = Call(
+            "poll", keys, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
+        )
+
+        try:
+            # A lost reply is retried with the same lease id: the script finds
+            # the first attempt's ticket, so the requester keeps its place.
+            state = yield from self._retrying(enqueue, deadline=deadline)
+            if state == _BUSY:
+                return None
+            while True:
+                if isinstance(state, Lease):
+                    return state
+                if state == _GONE:
+                    # The ticket left the queue without us (the pool's data was
+                    # lost, or we looked dead for too long): queue again.
+                    state = yield from self._retrying(enqueue, deadline=deadline)
+                    continue
+                assert isinstance(state, tuple)
+                ticket, hint = state
+                wake_at = None if hint is None else time.monotonic() + hint
+                # Wait for a push; look again (poll) when the hint comes due,
+                # at each heartbeat, or when the router asks for it.
+                while True:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        raise AcquireTimeout(self.name, now - started)
+                    limits = [t - now for t in (deadline, wake_at) if t is not None]
+                    if heartbeat is not None:
+                        limits.append(heartbeat)
+                    span = min(limits) if limits else None
+                    if span is not None and span <= 0:
+                        break
+                    try:
+                        message = yield Wait(key, lid, span)
+                    except TRANSPORT_ERRORS:
+                        yield Sleep(0.1)
+                        break
+                    if message is None:
+                        if deadline is not None and time.monotonic() >= deadline:
+                            continue
+                        break
+                    seen = self._message(message, lid, ticket)
+                    if isinstance(seen, Lease):
+                        return seen
+                    if isinstance(seen, float):
+                        wake_at = time.monotonic() + seen
+                    elif seen == RECHECK:
+                        break
+                state = yield from self._retrying(poll, deadline=deadline)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
+            # leave the queue, and pass on a grant that raced in. One try: if
+            # it fails, the ticket's liveness runs out and dispatch drops it.
+            try:
+                yield Call("cancel", keys, (lid, mode), lambda reply: _tagged("cancel", reply))
+            except Exception:
+                pass
+            raise
+
+    # -- single-call operations ---------------------------------------------
+
+    def release(self, lease: object, quarantine: object) -> Flow[bool]:
+        held = self._check_lease(lease)
+        q_ms = "" if quarantine is None else str(_ms(_seconds("quarantine", quarantine, minimum=0)))
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("release", reply)
+            if rest or tag not in ("released", "lost"):
+                raise _unexpected("release", reply)
+            return tag == "released"
+
+        return self._single(Call("release", self.keys, (held.id, held.ticket, q_ms), parse))
+
+    def renew(self, lease: object, ttl: object) -> Flow[Lease]:
+        held = self._check_lease(lease)
+        ttl_ms = _ms(held.ttl if ttl is None else _seconds("ttl", ttl))
+
+        def parse(reply: Any) -> Lease:
+            tag, rest = _tagged("renew", reply)
+            if tag == "renewed" and len(rest) == 1:
+                return attrs.evolve(held, expires_at=int(rest[0]) / 1000, ttl=ttl_ms / 1000)
+            if tag == "lost" and not rest:
+                raise LeaseLost(self.name, held.resource, held.token, "expired, revoked or released")
+            raise _unexpected("renew", reply)
+
+        return self._single(Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse))
+
+    def extend(
+        self, resources: object, capacity: object, priority: object, rate: object
+    ) -> Flow[int]:
+        names = _resources(resources)
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
+        if not 1 <= capacity <= 2**31:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+            raise TypeError(f"priority must be a number, not {type(priority).__name__}")
+        if not math.isfinite(priority):
+            raise ValueError(f"priority must be finite, got {priority!r}")
+        score = repr(-priority) if isinstance(priority, float) else str(-priority)
+        count, window_ms = 0, 0
+        if rate is not None:
+            if not isinstance(rate, (tuple, list)) or len(rate) != 2:
+                raise TypeError("rate must be a (count, seconds) pair or None")
+            count = rate[0]
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise TypeError(f"rate count must be an int, not {type(count).__name__}")
+            if not 1 <= count <= 1_000_000:
+                raise ValueError(f"rate count must be 1 to 1000000, got {count}")
+            window_ms = _ms(_seconds("rate seconds", rate[1]))
+        return self._chunked(
+            "extend", names, (capacity, score, count, window_ms), "extended"
+        )
+
+    def remove(self, resources: object, force: object) -> Flow[int]:
+        names = _resources(resources)
+        if not isinstance(force, bool):
+            raise TypeError(f"force must be a bool, not {type(force).__name__}")
+        return self._chunked("remove", names, ("1" if force else "0",), "removed")
+
+    def _chunked(
+        self, op: str, names: List[str], head: Tuple[Union[str, int], ...], tag: str
+    ) -> Flow[int]:
+        def parse(reply: Any) -> int:
+            got, rest = _tagged(op, reply)
+            if got != tag or len(rest) != 1:
+                raise _unexpected(op, reply)
+            return int(rest[0])
+
+        total = 0
+        for start in range(0, len(names), CHUNK):
+            call = Call(op, self.keys, head + tuple(names[start : start + CHUNK]), parse)
+            total += yield from self._single(call)
+        return total
+
+    def bind(self, name: object, resource: object) -> Flow[None]:
+        name = _text("name", name, MAX_RESOURCE)
+        resource = _text("resource", resource, MAX_RESOURCE)
+
+        def parse(reply: Any) -> None:
+            tag, rest = _tagged("bind", reply)
+            if tag == "unknown" and not rest:
+                raise UnknownResource(self.name, resource)
+            if tag != "bound" or rest:
+                raise _unexpected("bind", reply)
+
+        return self._single(
+            Call("bind", self.keys, (name, resource, _ms(self.bind_ttl)), parse)
+        )
+
+    def unbind(self, name: object) -> Flow[bool]:
+        name = _text("name", name, MAX_RESOURCE)
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("unbind", reply)
+            if tag != "unbound" or len(rest) != 1:
+                raise _unexpected("unbind", reply)
+            return int(rest[0]) == 1
+
+        return self._single(Call("unbind", self.keys, (name,), parse))
+
+    def status(self) -> Flow[PoolStatus]:
+        return self._single(Call("status", self.keys, (), self._parse_status))
+
+    def _parse_status(self, reply: Any) -> PoolStatus:
+        tag, rest = _tagged("status", reply)
+        if tag != "status" or len(rest) < 6 or (len(rest) - 6) % 2:
+            raise _unexpected("status", reply)
+        now_us, free, waiting, bindings, hits, misses = (int(x) for x in rest[:6])
+        rows = []
+        for i in range(6, len(rest), 2):
+            name, record = _decode(rest[i]), _decode(rest[i + 1])
+            cap, score, used, _fence, state, until, _stamp, rc, rw, _rv = record.split("|")
+            capacity, leases = int(cap), int(used)
+            if state == "d":
+                shown = "draining"
+            elif state in ("q", "t"):
+                shown = "quarantined"
+            else:
+                shown = "free" if leases < capacity else "leased"
+            rows.append(
+                ResourceStatus(
+                    name=name,
+                    capacity=capacity,
+                    priority=0.0 - float(score),
+                    leases=leases,
+                    state=shown,
+                    until=int(until) / 1000 if state in ("q", "t") else None,
+                    throttled=state == "t",
+                    rate=(int(rc), int(rw) / 1000) if int(rc) else None,
+                )
+            )
+        rows.sort(key=lambda row: row.name)
+        return PoolStatus(
+            name=self.name,
+            size=len(rows),
+            free=free,
+            leased=sum(row.leases for row in rows),
+            waiting=waiting,
+            resources=tuple(rows),
+            bindings=bindings,
+            bind_hits=hits,
+            bind_misses=misses,
+            server_time=now_us / 1e6,
+        )
+
+    def gc(self) -> Flow[GCReport]:
+        def parse(reply: Any) -> Tuple[List[int], str, str, bool]:
+            tag, rest = _tagged("gc", reply)
+            if tag != "gc" or len(rest) != 8:
+                raise _unexpected("gc", reply)
+            counts = [int(x) for x in rest[:5]]
+            return counts, _decode(rest[5]), _decode(rest[6]), int(rest[7]) == 1
+
+        totals = [0] * 5
+        pel, queue = "0-0", ""
+        # Each step is bounded; the cursors walk the pending list and the
+        # queue once, so the loop ends even while the pool is busy.
+        for _ in range(100_000):
+            call = Call("gc", self.keys, (pel, queue, GC_COUNT), parse)
+            counts, pel, queue, more = yield from self._single(call)
+            totals = [a + b for a, b in zip(totals, counts)]
+            if pel == "0-0" and queue == "" and not more:
+                break
+        reclaimed, dropped, expired, unparked, orphans = totals
+        return GCReport(
+            reclaimed=reclaimed,
+            dropped_waiters=dropped,
+            expired_bindings=expired,
+            unparked=unparked,
+            orphans=orphans,
+        )
+
+    def heartbeat(self, key: str) -> Call[str]:
+        """A client-level poll for the asyncio router: keeps all of this
+        client's waiters alive, and returns the pool's epoch."""
+
+        def parse(reply: Any) -> str:
+            tag, rest = _tagged("poll", reply)
+            if tag != "alive" or len(rest) != 1:
+                raise _unexpected("poll", reply)
+            return _decode(rest[0])
+
+        return Call("poll", self.keys + (key,), ("", self.client_id, _ms(ALIVE)), parse)
+
+    def release_message(self, message: Any) -> Optional[Call[Any]]:
+        """For a grant that reached a client whose waiter had already left:
+        the release that passes it on (None if ``message`` is no grant)."""
+        kind, _, rest = _decode(message).partition("|")
+        fields = rest.split("|", 5)
+        if kind != "g" or len(fields) != 6:
+            return None
+        return Call("release", self.keys, (fields[0], fields[1], ""), lambda reply: reply)
+
+    @staticmethod
+    def message_target(message: Any) -> str:
+        """The lease id a signal-list message is for."""
+        return _decode(message).split("|", 2)[1]
+
+
+@attrs.frozen
+class Acquire:
+    """A blocking acquire ready to be driven: its lease id, the signal list it
+    listens on, and its steps."""
+
+    lid: str
+    key: str
+    steps: Flow[Optional[Lease]] = attrs.field(repr=False)

@@ -1,0 +1,277 @@
+"""`FairAllocator`: the blocking shell around the core."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Iterable, Iterator, Literal, Optional, Tuple, TypeVar, overload
+
+
+
+from . import _core
+from ._core import Call, Flow, Pool, Step, Wait
+from ._scripts import register
+from ._values import GCReport, Lease, PoolStatus
+from .errors import LeaseLost
+
+__all__ = ["FairAllocator"]
+
+T = TypeVar("T")
+
+
+def heartbeat_for(client: Any) -> float:
+    """The longest blocking read that stays under the client's socket timeout."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:  # RedisCluster keeps them on its nodes manager
+        kwargs = getattr(getattr(client, "nodes_manager", None), "connection_kwargs", None) or {}
+    socket_timeout = kwargs.get("socket_timeout")
+    if isinstance(socket_timeout, (int, float)) and socket_timeout > 0:
+        return max(0.01, min(_core.HEARTBEAT, socket_timeout / 2))
+    return _core.HEARTBEAT
+
+
+class FairAllocator:
+    """A pool of named resources shared through Redis, granted in strict
+    first-come-first-served order.
+
+    ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (or a
+    fakeredis ``FakeRedis``), with ``decode_responses`` on or off, over RESP2
+    or RESP3. Two allocators with the same server, ``prefix`` and ``name``
+    are the same pool. Construction does no I/O.
+
+    ``lease_ttl`` is the default life of a lease without renewal, in seconds;
+    ``bind_ttl`` how long a soft binding lives after its last use.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        lease_ttl: float = 60.0,
+        bind_ttl: float = 3600.0,
+        prefix: str = "alloc",
+    ) -> None:
+        self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        self._client = client
+        self._scripts = register(client)
+        self._heartbeat = heartbeat_for(client)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._pool.name!r}, prefix={self._pool.prefix!r})"
+
+    @property
+    def name(self) -> str:
+        return self._pool.name
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    # -- the driver: the only place that does I/O --------------------------
+
+    def _drive(self, steps: Flow[T]) -> T:
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            reply, error = None, None
+            try:
+                reply = self._step(step)
+            except BaseException as exc:  # handed to the flow, which decides
+                error = exc
+
+    def _step(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            return self._scripts[step.script](keys=step.keys, args=step.args)
+        if isinstance(step, Wait):
+            # Redis reads a timeout under 1 ms as 0, which blocks for ever.
+            timeout = self._heartbeat if step.timeout is None else max(step.timeout, 0.01)
+            popped = self._client.blpop([step.key], timeout=timeout)
+            return None if popped is None else popped[1]
+        time.sleep(step.seconds)
+        return None
+
+    # -- leasing --------------------------------------------------------------
+
+    @overload
+    def acquire(
+        self,
+        timeout: Optional[float] = ...,
+        *,
+        ttl: Optional[float] = ...,
+        bind: Optional[str] = ...,
+        blocking: Literal[True] = ...,
+    ) -> Lease: ...
+
+    @overload
+    def acquire(
+        self,
+        timeout: Optional[float] = ...,
+        *,
+        ttl: Optional[float] = ...,
+        bind: Optional[str] = ...,
+        blocking: bool,
+    ) -> Optional[Lease]: ...
+
+    def acquire(
+        self,
+        timeout: Optional[float] = None,
+        *,
+        ttl: Optional[float] = None,
+        bind: Optional[str] = None,
+        blocking: bool = True,
+    ) -> Optional[Lease]:
+        """Wait in line for a resource and lease it.
+
+        Blocks until every requester that queued earlier has been served and
+        a resource is free. ``timeout`` (seconds, None: no limit) bounds the
+        wait and raises :class:`~allocator.AcquireTimeout`; the requester
+        leaves the queue, and a grant that raced the timeout passes on.
+        ``ttl``: the lease's life without renewal (default: ``lease_ttl``).
+        ``bind``: soft binding, a name that keeps getting the same resource
+        while it is free. ``blocking=False`` returns a lease only if one can
+        be granted at once without passing anyone waiting, else None.
+
+        Uncontended, this is one round trip to Redis; a waiter is woken by a
+        push to its signal list, never by polling the pool.
+        """
+        flow = self._pool.acquire(
+            timeout, ttl, bind, blocking, shared=False, heartbeat=self._heartbeat
+        )
+        return self._drive(flow.steps)
+
+    @contextlib.contextmanager
+    def lease(
+        self,
+        timeout: Optional[float] = None,
+        *,
+        ttl: Optional[float] = None,
+        bind: Optional[str] = None,
+        keepalive: bool = False,
+    ) -> Iterator[Lease]:
+        """Acquire on entry, release on exit::
+
+            with pool.lease(timeout=10) as proxy:
+                fetch(url, proxy=proxy.resource, fence=proxy.token)
+
+        If the lease was lost while the block ran (expired, revoked), exit
+        raises :class:`~allocator.LeaseLost`; if the block raised, its
+        exception propagates unchanged. ``keepalive=True`` renews the lease
+        from a daemon thread every ``ttl/3`` while the block runs.
+        """
+        if not isinstance(keepalive, bool):
+            raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
+        held = self.acquire(timeout, ttl=ttl, bind=bind)
+        keeper = _Keeper(self, held) if keepalive else None
+        try:
+            yield held
+        except BaseException:
+            if keeper is not None:
+                keeper.stop()
+            with contextlib.suppress(Exception):
+                self.release(held)
+            raise
+        lost = keeper.stop() if keeper is not None else None
+        if not self.release(held) or lost is not None:
+            raise lost or LeaseLost(self.name, held.resource, held.token, "lost while held")
+
+    def renew(self, lease: Lease, ttl: Optional[float] = None) -> Lease:
+        """Push the lease's deadline to now + ``ttl`` (default: the lease's
+        own ttl) on the server clock. Returns the lease with its new
+        ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
+        longer held (a lease past its deadline is never brought back)."""
+        return self._drive(self._pool.renew(lease, ttl))
+
+    def release(self, lease: Lease, *, quarantine: Optional[float] = None) -> bool:
+        """End the lease and hand the resource to the next waiter.
+
+        True if the lease was live and is now released; False if it had
+        already ended (expired, revoked, or released before). ``quarantine``
+        keeps the resource out of rotation for that many seconds; waiters
+        are woken and served when it ends.
+        """
+        return self._drive(self._pool.release(lease, quarantine))
+
+    # -- administration -------------------------------------------------------
+
+    def extend(
+        self,
+        resources: Iterable[str],
+        *,
+        capacity: int = 1,
+        priority: float = 0,
+        rate: Optional[Tuple[int, float]] = None,
+    ) -> int:
+        """Add resources, or update existing ones; returns how many are new.
+
+        Existing resources keep their leases and take the new ``capacity``
+        (leases at once), ``priority`` (higher is granted first) and ``rate``
+        (``(count, seconds)``: at most ``count`` grants in any window of
+        ``seconds``; None: no limit). Waiters are served at once if the new
+        resources let them.
+        """
+        return self._drive(self._pool.extend(resources, capacity, priority, rate))
+
+    def remove(self, resources: Iterable[str], *, force: bool = False) -> int:
+        """Take resources out of the pool; returns how many were removed or
+        marked (unknown names are ignored and not counted).
+
+        A free resource leaves at once; a leased one stops being granted and
+        leaves when its leases end (draining). ``force=True`` revokes its
+        leases now: their holders get :class:`~allocator.LeaseLost`.
+        """
+        return self._drive(self._pool.remove(resources, force))
+
+    def bind(self, name: str, resource: str) -> None:
+        """Bind ``name`` to ``resource`` (soft binding, see ``acquire``);
+        raises :class:`~allocator.UnknownResource` if it is not in the pool."""
+        return self._drive(self._pool.bind(name, resource))
+
+    def unbind(self, name: str) -> bool:
+        """Drop the binding of ``name``; True if there was one."""
+        return self._drive(self._pool.unbind(name))
+
+    def status(self) -> PoolStatus:
+        """A consistent snapshot of the pool, one row per resource."""
+        return self._drive(self._pool.status())
+
+    def gc(self) -> GCReport:
+        """Reclaim leases past their deadline, drop queue entries of waiters
+        that are gone, expire stale bindings, and serve waiters that can now
+        be served. Safe to run from any number of processes at once."""
+        return self._drive(self._pool.gc())
+
+
+class _Keeper:
+    """Renews a lease every ttl/3 from a daemon thread until stopped."""
+
+    def __init__(self, owner: FairAllocator, lease: Lease) -> None:
+        self._owner = owner
+        self._lease = lease
+        self._stopped = threading.Event()
+        self._lost: Optional[LeaseLost] = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"allocator-keepalive-{lease.resource}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._lease.ttl / 3):
+            try:
+                self._lease = self._owner.renew(self._lease)
+            except LeaseLost as lost:
+                self._lost = lost
+                return
+            except Exception:  # a transport error: try again next interval
+                continue
+
+    def stop(self) -> Optional[LeaseLost]:
+        """Stop renewing; returns the LeaseLost a renewal met, if any."""
+        self._stopped.set()
+        self._thread.join()
+        return self._lost

@@ -1,0 +1,77 @@
+"""Immutable values that cross the API: what a grant, a status and a gc run return."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import attrs
+
+__all__ = ["GCReport", "Lease", "PoolStatus", "ResourceStatus"]
+
+
+@attrs.frozen
+class Lease:
+    """A granted lease on one resource.
+
+    ``token`` is the fencing token: every grant of a resource carries a token
+    strictly greater than all earlier grants of that resource. ``id`` is the
+    secret that proves ownership to ``renew`` and ``release``; it is left out of
+    ``repr`` so that leases can be logged. Times are the Redis server's clock,
+    in seconds since the epoch.
+    """
+
+    resource: str
+    token: int
+    id: str = attrs.field(repr=False)
+    ticket: str
+    expires_at: float
+    ttl: float
+    granted_at: float
+    pool: str
+
+
+@attrs.frozen
+class ResourceStatus:
+    """One row of :class:`PoolStatus`.
+
+    ``state`` is one of ``"free"`` (in rotation, at least one slot free),
+    ``"leased"`` (every slot taken), ``"quarantined"`` (out of rotation until
+    ``until``; ``throttled`` tells that its rate budget put it there) or
+    ``"draining"`` (removed, leaves when its last lease ends).
+    """
+
+    name: str
+    capacity: int
+    priority: float
+    leases: int
+    state: str
+    until: Optional[float] = None
+    throttled: bool = False
+    rate: Optional[Tuple[int, float]] = None
+
+
+@attrs.frozen
+class PoolStatus:
+    """A consistent snapshot of a pool, read in one script run."""
+
+    name: str
+    size: int
+    free: int
+    leased: int
+    waiting: int
+    resources: Tuple[ResourceStatus, ...]
+    bindings: int = 0
+    bind_hits: int = 0
+    bind_misses: int = 0
+    server_time: float = 0.0
+
+
+@attrs.frozen
+class GCReport:
+    """What one ``gc()`` call did."""
+
+    reclaimed: int = 0
+    dropped_waiters: int = 0
+    expired_bindings: int = 0
+    unparked: int = 0
+    orphans: int = 0

@@ -1,0 +1,43 @@
+-- extend: add resources, or update existing ones (capacity, priority, rate)
+-- keeping their leases. A draining resource is taken back into the pool.
+-- Waiters are served at once if the change lets them.
+--
+-- ARGV: capacity, score (-priority, as a string), rate_count (0: none),
+--       rate_window_ms, name...
+-- Reply: {'extended', added}
+local cap, score, rc, rw = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+
+maintain()
+local added = 0
+for i = 5, #ARGV do
+  local name = ARGV[i]
+  local r = res_load(name)
+  local restamp = false
+  if r then
+    restamp = r.score ~= score
+    r.cap, r.score, r.rc, r.rw = cap, score, rc, rw
+    if r.state == 'd' then
+      r.state = 'a'
+    end
+  else
+    -- New, or back after removal: continue its token sequence, and void any
+    -- lease left from before it was removed.
+    local fence = tonumber(redis.call('HGET', K_GONE, name) or 0)
+    redis.call('HDEL', K_GONE, name)
+    r = {cap = cap, score = score, used = 0, fence = fence, state = 'a', untl = 0,
+         stamp = '', rc = rc, rw = rw, rv = fence}
+    added = added + 1
+  end
+  -- The rate may have changed: a throttle is re-decided under the new one.
+  if r.state == 't' then
+    redis.call('ZREM', K_PARK, name)
+    r.state, r.untl = 'a', 0
+  end
+  if r.state == 'a' and r.rc > 0 then
+    throttle_if_spent(name, r)
+  end
+  place(name, r, restamp)
+  res_save(name, r)
+end
+dispatch(nil)
+return {'extended', added}

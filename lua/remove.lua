@@ -1,0 +1,27 @@
+-- remove: a resource without leases leaves at once; a leased one stops being
+-- granted and leaves with its last lease (draining). With force, it leaves
+-- now and its leases are void: renew fails and release returns false.
+--
+-- ARGV: force ('1' | '0'), name...
+-- Reply: {'removed', count}   unknown names are not counted
+local force = ARGV[1] == '1'
+
+maintain()
+local n = 0
+for i = 2, #ARGV do
+  local name = ARGV[i]
+  local r = res_load(name)
+  if r then
+    n = n + 1
+    if force or r.used <= 0 then
+      retire(name, r)
+    else
+      redis.call('ZREM', K_PARK, name)
+      r.state, r.untl = 'd', 0
+      place(name, r, false)
+      res_save(name, r)
+    end
+  end
+end
+dispatch(nil)
+return {'removed', n}

@@ -1,0 +1,17 @@
+-- status: a consistent snapshot of the pool, after handling what came due.
+--
+-- ARGV: none
+-- Reply: {'status', now_us, free, waiting, bindings, bind_hits, bind_misses,
+--         name1, record1, name2, record2, ...}   records as in lua/README.md
+maintain()
+dispatch(nil)
+local meta = redis.call('HMGET', K_META, 'bhit', 'bmiss')
+local out = {
+  'status', fmt(NOW_US), redis.call('ZCARD', K_FREE), waiting(),
+  redis.call('ZCOUNT', K_BEXP, '(' .. fmt(NOW), '+inf'), tonumber(meta[1] or 0), tonumber(meta[2] or 0),
+}
+local rows = redis.call('HGETALL', K_RES)
+for i = 1, #rows do
+  out[#out + 1] = rows[i]
+end
+return out

@@ -1,0 +1,232 @@
+"""Test backends.
+
+The Redis the tests use, in order: ``REDIS_URL`` if set; else a private
+``redis-server`` from PATH, started on a free loopback port for the session
+and stopped after it; else an in-process fakeredis (only outside CI: under
+``CI=true`` a missing redis-server fails the run instead of hiding it).
+
+Every test gets its own pool name, so tests never need FLUSHALL and never
+see each other's keys. Semantic scenarios take the ``pool`` fixture and run
+once per flavour: sync and asyncio allocators, RESP2 and RESP3, with
+``decode_responses`` on and off, on the real server and on fakeredis. The
+asyncio allocator is driven through :class:`SyncView`, which runs its
+coroutines on an event loop in a helper thread, so a scenario is written
+once for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import threading
+import uuid
+from typing import Any, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple, TypeVar
+
+import pytest
+import redis
+
+from allocator import AsyncFairAllocator, FairAllocator
+from allocator._server import RedisServer, find_redis_server
+
+T = TypeVar("T")
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# -- the session's server ----------------------------------------------------
+
+_SERVER: Optional[RedisServer] = None
+_URL: Optional[str] = None
+_DESCRIPTION = ""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SERVER, _URL, _DESCRIPTION
+    if os.environ.get("REDIS_URL"):
+        _URL = os.environ["REDIS_URL"]
+        _DESCRIPTION = f"REDIS_URL={_URL}"
+    elif find_redis_server():
+        _SERVER = RedisServer().start()
+        _URL = _SERVER.url
+        version = redis.Redis.from_url(_URL).info("server")["redis_version"]
+        _DESCRIPTION = f"private redis-server {version} at {_URL}"
+    elif IN_CI:
+        raise pytest.UsageError(
+            "CI=true but redis-server is not on PATH: the suite must run against a real "
+            "Redis in CI (install redis-server, or set REDIS_URL)"
+        )
+    else:
+        _DESCRIPTION = "fakeredis only (no redis-server on PATH and no REDIS_URL)"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SERVER is not None:
+        _SERVER.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"allocator test backend: {_DESCRIPTION}"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The URL of a real Redis; tests that need one are skipped without it."""
+    if _URL is None:
+        pytest.skip("needs a real Redis (no redis-server on PATH, no REDIS_URL)")
+    return _URL
+
+
+@pytest.fixture
+def pool_name() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+# -- an event loop in a thread, to drive async allocators from sync tests ---
+
+
+class LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: Optional[float] = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        async def drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(drain())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class SyncView:
+    """An AsyncFairAllocator seen through FairAllocator's blocking API."""
+
+    def __init__(self, apool: AsyncFairAllocator, loop: LoopThread) -> None:
+        self.inner = apool
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if inspect.iscoroutinefunction(attr):
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return self._loop.run(attr(*args, **kwargs))
+
+            return call
+        return attr
+
+    @contextlib.contextmanager
+    def lease(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        manager = self.inner.lease(*args, **kwargs)
+        held = self._loop.run(manager.__aenter__())
+        try:
+            yield held
+        except BaseException as exc:
+            if not self._loop.run(manager.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self._loop.run(manager.__aexit__(None, None, None))
+
+
+# -- clients and pools ---------------------------------------------------------
+
+# (backend, flavour, protocol, decode_responses): each of sync/async meets
+# RESP2 and RESP3 and both decode settings on the real server; fakeredis
+# runs each flavour once.
+FLAVOURS: List[Tuple[str, str, int, bool]] = [
+    ("redis", "sync", 3, True),
+    ("redis", "sync", 2, False),
+    ("redis", "async", 3, False),
+    ("redis", "async", 2, True),
+    ("fake", "sync", 2, False),
+    ("fake", "async", 3, True),
+]
+
+
+class Factory:
+    """Builds clients and allocators of one flavour, and closes them after."""
+
+    def __init__(self, backend: str, flavour: str, protocol: int, decode: bool) -> None:
+        self.backend, self.flavour, self.protocol, self.decode = backend, flavour, protocol, decode
+        self._loop: Optional[LoopThread] = None
+        self._fake_server: Any = None
+        self._closers: List[Callable[[], None]] = []
+        if backend == "redis" and _URL is None:
+            pytest.skip("no real Redis for this flavour")
+        if backend == "fake":
+            import fakeredis
+
+            self._fake_server = fakeredis.FakeServer()
+
+    @property
+    def loop(self) -> LoopThread:
+        if self._loop is None:
+            self._loop = LoopThread()
+        return self._loop
+
+    def sync_client(self, **kwargs: Any) -> Any:
+        options: Dict[str, Any] = {"protocol": self.protocol, "decode_responses": self.decode}
+        options.update(kwargs)
+        if self.backend == "fake":
+            import fakeredis
+
+            client = fakeredis.FakeRedis(server=self._fake_server, **options)
+        else:
+            assert _URL is not None
+            client = redis.Redis.from_url(_URL, **options)
+        self._closers.append(client.close)
+        return client
+
+    def async_client(self) -> Any:
+        options: Dict[str, Any] = {"protocol": self.protocol, "decode_responses": self.decode}
+        if self.backend == "fake":
+            import fakeredis
+
+            client = fakeredis.FakeAsyncRedis(server=self._fake_server, **options)
+        else:
+            assert _URL is not None
+            client = redis.asyncio.Redis.from_url(_URL, **options)
+        self._closers.append(lambda: self.loop.run(client.aclose()))
+        return client
+
+    def pool(self, name: str, **kwargs: Any) -> Any:
+        """A FairAllocator, or an AsyncFairAllocator behind a SyncView."""
+        if self.flavour == "sync":
+            return FairAllocator(self.sync_client(), name, **kwargs)
+        apool = AsyncFairAllocator(self.async_client(), name, **kwargs)
+        return SyncView(apool, self.loop)
+
+    def close(self) -> None:
+        for closer in reversed(self._closers):
+            with contextlib.suppress(Exception):
+                closer()
+        if self._loop is not None:
+            self._loop.close()
+
+
+@pytest.fixture(params=FLAVOURS, ids=lambda f: f"{f[0]}-{f[1]}-resp{f[2]}-{'str' if f[3] else 'bytes'}")
+def factory(request: pytest.FixtureRequest) -> Iterator[Factory]:
+    made = Factory(*request.param)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def pool(factory: Factory, pool_name: str) -> Any:
+    """A fresh, empty pool of the test's flavour."""
+    return factory.pool(pool_name)
+
+
+@pytest.fixture
+def raw(factory: Factory) -> Any:
+    """A plain sync client on the same backend, for looking at keys."""
+    return factory.sync_client(protocol=2, decode_responses=True)

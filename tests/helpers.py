@@ -1,0 +1,94 @@
+"""Small tools shared by the tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+from allocator import FairAllocator
+from allocator._core import Call, Sleep, Wait
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Wait for a condition on shared state (not for time to pass)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.005)
+
+
+def ticket_key(ticket: str) -> Tuple[int, int]:
+    ms, seq = ticket.split("-")
+    return int(ms), int(seq)
+
+
+class Background:
+    """Run a call in a thread; keep its result or exception."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float = 20.0) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "background call did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+
+class Stepper:
+    """Drives an acquire flow of a sync FairAllocator one step at a time, so a
+    test can put other events between any two steps."""
+
+    def __init__(self, pool: FairAllocator, **kwargs: Any) -> None:
+        kwargs.setdefault("timeout", None)
+        kwargs.setdefault("ttl", None)
+        kwargs.setdefault("bind", None)
+        kwargs.setdefault("blocking", True)
+        self.pool = pool
+        self.flow = pool._pool.acquire(
+            kwargs["timeout"], kwargs["ttl"], kwargs["bind"], kwargs["blocking"],
+            shared=False, heartbeat=1.0,
+        )  # fmt: skip
+        self.steps: List[Any] = []
+        self.step: Any = self.flow.steps.send(None)
+        self.done = False
+        self.value: Any = None
+
+    def _advance(self, send: Any = None, throw: Optional[BaseException] = None) -> Any:
+        try:
+            self.step = self.flow.steps.throw(throw) if throw else self.flow.steps.send(send)
+        except StopIteration as stop:
+            self.done, self.value, self.step = True, stop.value, None
+        return self.step
+
+    def run_step(self) -> Any:
+        """Carry out the current step for real and move to the next."""
+        step = self.step
+        self.steps.append(step)
+        if isinstance(step, Call):
+            return self._advance(self.pool._step(step))
+        if isinstance(step, Wait):
+            return self._advance(self.pool._step(step))
+        assert isinstance(step, Sleep)
+        return self._advance(None)
+
+    def throw(self, exc: BaseException) -> Any:
+        """Deliver an exception at the current step (as a timeout or a
+        KeyboardInterrupt would), and return the step the flow asks for."""
+        return self._advance(throw=exc)
