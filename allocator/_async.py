@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Dict, Iterable, Literal, Optional, Set, Tuple, TypeVar, overload
+from collections.abc import AsyncIterator, Iterable
+from typing import (
+    Any,
+    Literal,
+    TypeVar,
+    overload,
+)
 
 from . import _core
 from ._core import Call, Flow, Pool, Step, Wait
@@ -45,7 +51,7 @@ class AsyncFairAllocator:
         self._client = client
         self._scripts = register(client)
         self._heartbeat = heartbeat_for(client)
-        self._router: Optional[_Router] = None
+        self._router: _Router | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._pool.name!r}, prefix={self._pool.prefix!r})"
@@ -61,8 +67,10 @@ class AsyncFairAllocator:
     # -- the driver -----------------------------------------------------------
 
     async def _drive(self, steps: Flow[T]) -> T:
+        task = asyncio.current_task()
+        cancels = _cancelling(task)
         reply: Any = None
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         while True:
             try:
                 step = steps.send(reply) if error is None else steps.throw(error)
@@ -71,6 +79,14 @@ class AsyncFairAllocator:
             reply, error = None, None
             try:
                 reply = await self._step(step)
+                # redis-py's asyncio client finishes a command that a
+                # cancellation interrupted and returns its reply, swallowing
+                # the CancelledError (redis/redis-py#2028, #2666). The task
+                # still counts the request: deliver it, so that a cancelled
+                # acquire leaves the queue instead of waiting on.
+                if _cancelling(task) > cancels:
+                    cancels = _cancelling(task)
+                    raise asyncio.CancelledError()
             except BaseException as exc:  # handed to the flow, which decides
                 error = exc
 
@@ -93,31 +109,31 @@ class AsyncFairAllocator:
     @overload
     async def acquire(
         self,
-        timeout: Optional[float] = ...,
+        timeout: float | None = ...,
         *,
-        ttl: Optional[float] = ...,
-        bind: Optional[str] = ...,
+        ttl: float | None = ...,
+        bind: str | None = ...,
         blocking: Literal[True] = ...,
     ) -> Lease: ...
 
     @overload
     async def acquire(
         self,
-        timeout: Optional[float] = ...,
+        timeout: float | None = ...,
         *,
-        ttl: Optional[float] = ...,
-        bind: Optional[str] = ...,
+        ttl: float | None = ...,
+        bind: str | None = ...,
         blocking: bool,
-    ) -> Optional[Lease]: ...
+    ) -> Lease | None: ...
 
     async def acquire(
         self,
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
         *,
-        ttl: Optional[float] = None,
-        bind: Optional[str] = None,
+        ttl: float | None = None,
+        bind: str | None = None,
         blocking: bool = True,
-    ) -> Optional[Lease]:
+    ) -> Lease | None:
         """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
         Cancelling the task leaves the queue."""
         flow = self._pool.acquire(timeout, ttl, bind, blocking, shared=True, heartbeat=None)
@@ -131,10 +147,10 @@ class AsyncFairAllocator:
     @contextlib.asynccontextmanager
     async def lease(
         self,
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
         *,
-        ttl: Optional[float] = None,
-        bind: Optional[str] = None,
+        ttl: float | None = None,
+        bind: str | None = None,
         keepalive: bool = False,
     ) -> AsyncIterator[Lease]:
         """Same as :meth:`FairAllocator.lease <allocator.FairAllocator.lease>`, as
@@ -155,11 +171,11 @@ class AsyncFairAllocator:
         if not await self.release(held) or lost is not None:
             raise lost or LeaseLost(self.name, held.resource, held.token, "lost while held")
 
-    async def renew(self, lease: Lease, ttl: Optional[float] = None) -> Lease:
+    async def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
         """Same as :meth:`FairAllocator.renew <allocator.FairAllocator.renew>`, awaitable."""
         return await self._drive(self._pool.renew(lease, ttl))
 
-    async def release(self, lease: Lease, *, quarantine: Optional[float] = None) -> bool:
+    async def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
         """Same as :meth:`FairAllocator.release <allocator.FairAllocator.release>`, awaitable."""
         return await self._drive(self._pool.release(lease, quarantine))
 
@@ -171,7 +187,7 @@ class AsyncFairAllocator:
         *,
         capacity: int = 1,
         priority: float = 0,
-        rate: Optional[Tuple[int, float]] = None,
+        rate: tuple[int, float] | None = None,
     ) -> int:
         """Same as :meth:`FairAllocator.extend <allocator.FairAllocator.extend>`, awaitable."""
         return await self._drive(self._pool.extend(resources, capacity, priority, rate))
@@ -197,6 +213,12 @@ class AsyncFairAllocator:
         return await self._drive(self._pool.gc())
 
 
+def _cancelling(task: asyncio.Task[Any] | None) -> int:
+    """Cancellation requests pending on ``task`` (Python >= 3.11; else 0)."""
+    counter = getattr(task, "cancelling", None)
+    return int(counter()) if counter is not None else 0
+
+
 class _Router:
     """One blocking reader per allocator and event loop.
 
@@ -214,10 +236,10 @@ class _Router:
         self._owner = owner
         self._pool = owner._pool
         self._key = self._pool.signal_key(self._pool.client_id)
-        self._queues: Dict[str, asyncio.Queue[Any]] = {}
-        self._reader: Optional[asyncio.Task[None]] = None
-        self._chores: Set[asyncio.Task[Any]] = set()
-        self._epoch: Optional[str] = None
+        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._chores: set[asyncio.Task[Any]] = set()
+        self._epoch: str | None = None
 
     def register(self, lid: str) -> None:
         self._queues[lid] = asyncio.Queue()
@@ -225,13 +247,13 @@ class _Router:
     def unregister(self, lid: str) -> None:
         self._queues.pop(lid, None)
 
-    async def wait(self, lid: str, timeout: Optional[float]) -> Any:
+    async def wait(self, lid: str, timeout: float | None) -> Any:
         if self._reader is None:
             self._reader = self.loop.create_task(self._read())
         queue = self._queues[lid]
         try:
             return await asyncio.wait_for(queue.get(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     def _recheck_all(self) -> None:
@@ -291,7 +313,7 @@ class _Keeper:
     def __init__(self, owner: AsyncFairAllocator, lease: Lease) -> None:
         self._owner = owner
         self._lease = lease
-        self._lost: Optional[LeaseLost] = None
+        self._lost: LeaseLost | None = None
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
@@ -305,7 +327,7 @@ class _Keeper:
             except Exception:  # a transport error: try again next interval
                 continue
 
-    async def stop(self) -> Optional[LeaseLost]:
+    async def stop(self) -> LeaseLost | None:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task

@@ -18,22 +18,17 @@ leave the queue before the exception goes on.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
 import time
+from collections.abc import Callable, Generator, Iterable
 from typing import (
     Any,
-    Callable,
-    Generator,
     Generic,
-    Iterable,
-    List,
     NamedTuple,
-    Optional,
-    Tuple,
     TypeVar,
-    Union,
 )
 
 import attrs
@@ -93,8 +88,8 @@ class Call(Generic[T]):
     """Run script ``script`` with these keys and args; ``parse`` reads the reply."""
 
     script: str
-    keys: Tuple[str, ...]
-    args: Tuple[Union[str, int], ...]
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
     parse: Callable[[Any], T] = attrs.field(repr=False)
 
 
@@ -106,14 +101,14 @@ class Wait(NamedTuple):
 
     key: str
     lid: str
-    timeout: Optional[float]
+    timeout: float | None
 
 
 class Sleep(NamedTuple):
     seconds: float
 
 
-Step = Union[Call[Any], Wait, Sleep]
+Step = Call[Any] | Wait | Sleep
 Flow = Generator[Step, Any, T]
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.
@@ -138,7 +133,9 @@ def _seconds(name: str, value: object, *, minimum: float = 0.001) -> float:
     """A positive duration, at least ``minimum`` seconds."""
     number = _number(name, value)
     if not minimum <= number <= MAX_SECONDS:
-        raise ValueError(f"{name} must be between {minimum} and {MAX_SECONDS:.0f} seconds, got {value!r}")
+        raise ValueError(
+            f"{name} must be between {minimum} and {MAX_SECONDS:.0f} seconds, got {value!r}"
+        )
     return number
 
 
@@ -146,7 +143,7 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def _timeout(value: object) -> Optional[float]:
+def _timeout(value: object) -> float | None:
     if value is None:
         return None
     number = _number("timeout", value)
@@ -165,7 +162,7 @@ def _text(name: str, value: object, limit: int) -> str:
     return value
 
 
-def _resources(resources: object) -> List[str]:
+def _resources(resources: object) -> list[str]:
     if isinstance(resources, (str, bytes)):
         raise TypeError("resources must be an iterable of str, not a single string")
     if not isinstance(resources, Iterable):
@@ -192,7 +189,7 @@ def _decode(value: Any) -> str:
 # --------------------------------------------------------------------------
 
 
-def _tagged(op: str, reply: Any) -> Tuple[str, List[Any]]:
+def _tagged(op: str, reply: Any) -> tuple[str, list[Any]]:
     if not isinstance(reply, (list, tuple)) or not reply:
         raise AllocatorError(f"unexpected reply to {op}: {reply!r} (Lua and Python out of step?)")
     return _decode(reply[0]), list(reply[1:])
@@ -206,7 +203,7 @@ _GONE = "gone"
 _BUSY = "busy"
 #: What a waiter learns about its ticket: granted, still queued (ticket and
 #: ms until it should look again, or None), gone from the queue, or busy.
-State = Union[Lease, Tuple[str, Optional[float]], str]
+State = Lease | tuple[str, float | None] | str
 
 
 @attrs.define(eq=False)
@@ -217,7 +214,7 @@ class Pool:
     prefix: str
     lease_ttl: float
     bind_ttl: float
-    keys: Tuple[str, ...]
+    keys: tuple[str, ...]
     _pid: int = attrs.field(default=0, repr=False)
     _cid: str = attrs.field(default="", repr=False)
 
@@ -226,7 +223,7 @@ class Pool:
         name = _text("name", name, MAX_NAME)
         prefix = _text("prefix", prefix, MAX_NAME)
         base = f"{_escape(prefix)}:{{{_escape(name)}}}"
-        keys = tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES) + (f"{base}:s:",)
+        keys = (*tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES), f"{base}:s:")
         return cls(
             name=name,
             prefix=prefix,
@@ -254,7 +251,7 @@ class Pool:
 
     # -- leases ---------------------------------------------------------------
 
-    def _lease(self, lid: str, fields: List[Any]) -> Lease:
+    def _lease(self, lid: str, fields: list[Any]) -> Lease:
         ticket, token, granted_us, deadline_ms, ttl_ms, resource = (_decode(f) for f in fields)
         return Lease(
             resource=resource,
@@ -278,7 +275,7 @@ class Pool:
             return tag
         raise _unexpected(op, reply)
 
-    def _message(self, message: Any, lid: str, ticket: str) -> Union[Lease, float, str, None]:
+    def _message(self, message: Any, lid: str, ticket: str) -> Lease | float | str | None:
         """A message from the signal list: this waiter's grant, a hint (seconds
         until it should look again), RECHECK, or None for anything stale."""
         text = _decode(message)
@@ -311,7 +308,7 @@ class Pool:
 
     @staticmethod
     def _retrying(
-        call: Call[T], *, deadline: Optional[float] = None, attempts: Optional[int] = None
+        call: Call[T], *, deadline: float | None = None, attempts: int | None = None
     ) -> Flow[T]:
         """Run ``call``, retrying transport errors with backoff: until
         ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
@@ -343,7 +340,7 @@ class Pool:
         blocking: object,
         *,
         shared: bool,
-        heartbeat: Optional[float],
+        heartbeat: float | None,
     ) -> Acquire:
         """Check the arguments and build a blocking acquire.
 
@@ -369,15 +366,15 @@ class Pool:
         cid: str,
         mode: str,
         key: str,
-        timeout: Optional[float],
+        timeout: float | None,
         ttl_ms: int,
-        bind: Optional[str],
+        bind: str | None,
         blocking: bool,
-        heartbeat: Optional[float],
-    ) -> Flow[Optional[Lease]]:
+        heartbeat: float | None,
+    ) -> Flow[Lease | None]:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        keys = self.keys + (key,)
+        keys = (*self.keys, key)
         alive_ms = _ms(ALIVE)
         enqueue: Call[State] = Call(
             "acquire",
@@ -442,10 +439,8 @@ class Pool:
             # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
             # leave the queue, and pass on a grant that raced in. One try: if
             # it fails, the ticket's liveness runs out and dispatch drops it.
-            try:
+            with contextlib.suppress(Exception):
                 yield Call("cancel", keys, (lid, mode), lambda reply: _tagged("cancel", reply))
-            except Exception:
-                pass
             raise
 
     # -- single-call operations ---------------------------------------------
@@ -471,7 +466,9 @@ class Pool:
             if tag == "renewed" and len(rest) == 1:
                 return attrs.evolve(held, expires_at=int(rest[0]) / 1000, ttl=ttl_ms / 1000)
             if tag == "lost" and not rest:
-                raise LeaseLost(self.name, held.resource, held.token, "expired, revoked or released")
+                raise LeaseLost(
+                    self.name, held.resource, held.token, "expired, revoked or released"
+                )
             raise _unexpected("renew", reply)
 
         return self._single(Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse))
@@ -499,9 +496,7 @@ class Pool:
             if not 1 <= count <= 1_000_000:
                 raise ValueError(f"rate count must be 1 to 1000000, got {count}")
             window_ms = _ms(_seconds("rate seconds", rate[1]))
-        return self._chunked(
-            "extend", names, (capacity, score, count, window_ms), "extended"
-        )
+        return self._chunked("extend", names, (capacity, score, count, window_ms), "extended")
 
     def remove(self, resources: object, force: object) -> Flow[int]:
         names = _resources(resources)
@@ -510,7 +505,7 @@ class Pool:
         return self._chunked("remove", names, ("1" if force else "0",), "removed")
 
     def _chunked(
-        self, op: str, names: List[str], head: Tuple[Union[str, int], ...], tag: str
+        self, op: str, names: list[str], head: tuple[str | int, ...], tag: str
     ) -> Flow[int]:
         def parse(reply: Any) -> int:
             got, rest = _tagged(op, reply)
@@ -535,9 +530,7 @@ class Pool:
             if tag != "bound" or rest:
                 raise _unexpected("bind", reply)
 
-        return self._single(
-            Call("bind", self.keys, (name, resource, _ms(self.bind_ttl)), parse)
-        )
+        return self._single(Call("bind", self.keys, (name, resource, _ms(self.bind_ttl)), parse))
 
     def unbind(self, name: object) -> Flow[bool]:
         name = _text("name", name, MAX_RESOURCE)
@@ -596,7 +589,7 @@ class Pool:
         )
 
     def gc(self) -> Flow[GCReport]:
-        def parse(reply: Any) -> Tuple[List[int], str, str, bool]:
+        def parse(reply: Any) -> tuple[list[int], str, str, bool]:
             tag, rest = _tagged("gc", reply)
             if tag != "gc" or len(rest) != 8:
                 raise _unexpected("gc", reply)
@@ -610,7 +603,7 @@ class Pool:
         for _ in range(100_000):
             call = Call("gc", self.keys, (pel, queue, GC_COUNT), parse)
             counts, pel, queue, more = yield from self._single(call)
-            totals = [a + b for a, b in zip(totals, counts)]
+            totals = [a + b for a, b in zip(totals, counts, strict=False)]
             if pel == "0-0" and queue == "" and not more:
                 break
         reclaimed, dropped, expired, unparked, orphans = totals
@@ -632,9 +625,9 @@ class Pool:
                 raise _unexpected("poll", reply)
             return _decode(rest[0])
 
-        return Call("poll", self.keys + (key,), ("", self.client_id, _ms(ALIVE)), parse)
+        return Call("poll", (*self.keys, key), ("", self.client_id, _ms(ALIVE)), parse)
 
-    def release_message(self, message: Any) -> Optional[Call[Any]]:
+    def release_message(self, message: Any) -> Call[Any] | None:
         """For a grant that reached a client whose waiter had already left:
         the release that passes it on (None if ``message`` is no grant)."""
         kind, _, rest = _decode(message).partition("|")
@@ -656,4 +649,4 @@ class Acquire:
 
     lid: str
     key: str
-    steps: Flow[Optional[Lease]] = attrs.field(repr=False)
+    steps: Flow[Lease | None] = attrs.field(repr=False)

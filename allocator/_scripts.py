@@ -8,13 +8,22 @@ are only in the repository's top-level ``lua/``, so that is the fallback.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 __all__ = ["OPERATIONS", "load_scripts", "lua_dir", "register"]
 
 OPERATIONS = (
-    "acquire", "poll", "cancel", "release", "renew",
-    "extend", "remove", "bind", "unbind", "status", "gc",
+    "acquire",
+    "poll",
+    "cancel",
+    "release",
+    "renew",
+    "extend",
+    "remove",
+    "bind",
+    "unbind",
+    "status",
+    "gc",
 )
 
 
@@ -30,20 +39,19 @@ def lua_dir() -> Path:
     )
 
 
-def load_scripts() -> Dict[str, str]:
+def load_scripts() -> dict[str, str]:
     """Script text per operation, each with the prelude in front."""
     folder = lua_dir()
     prelude = (folder / "prelude.lua").read_text(encoding="utf-8")
     return {
-        op: prelude + "\n" + (folder / f"{op}.lua").read_text(encoding="utf-8")
-        for op in OPERATIONS
+        op: prelude + "\n" + (folder / f"{op}.lua").read_text(encoding="utf-8") for op in OPERATIONS
     }
 
 
-_TEXTS: Dict[str, str] = {}
+_TEXTS: dict[str, str] = {}
 
 
-def register(client: Any) -> Dict[str, Any]:
+def register(client: Any) -> dict[str, Any]:
     """The scripts registered on ``client`` (no I/O: redis-py sends EVALSHA
     and loads a script on NOSCRIPT by itself, in pipelines too)."""
     if not _TEXTS:

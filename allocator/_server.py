@@ -14,13 +14,13 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from types import TracebackType
-from typing import List, Optional, Sequence, Type
 
 __all__ = ["RedisServer", "find_redis_server", "free_port"]
 
 
-def find_redis_server() -> Optional[str]:
+def find_redis_server() -> str | None:
     """The ``redis-server`` executable on PATH, or None."""
     return shutil.which("redis-server")
 
@@ -41,7 +41,7 @@ class RedisServer:
         *,
         appendonly: bool = False,
         extra_args: Sequence[str] = (),
-        executable: Optional[str] = None,
+        executable: str | None = None,
     ) -> None:
         exe = executable or find_redis_server()
         if exe is None:
@@ -51,21 +51,27 @@ class RedisServer:
         self.extra_args = list(extra_args)
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="allocator-redis-")
-        self._proc: Optional[subprocess.Popen[bytes]] = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def _argv(self) -> List[str]:
+    def _argv(self) -> list[str]:
         argv = [
             self.executable,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", self.dir,
-            "--save", "",
-            "--daemonize", "no",
-            "--logfile", os.path.join(self.dir, "redis.log"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.dir,
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--logfile",
+            os.path.join(self.dir, "redis.log"),
         ]
         if self.appendonly:
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
@@ -73,7 +79,7 @@ class RedisServer:
             argv += ["--appendonly", "no"]
         return argv + self.extra_args
 
-    def start(self, timeout: float = 10.0) -> "RedisServer":
+    def start(self, timeout: float = 10.0) -> RedisServer:
         self._proc = subprocess.Popen(
             self._argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -123,13 +129,13 @@ class RedisServer:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()

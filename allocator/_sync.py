@@ -5,9 +5,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Iterable, Iterator, Literal, Optional, Tuple, TypeVar, overload
-
-
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, TypeVar, overload
 
 from . import _core
 from ._core import Call, Flow, Pool, Step, Wait
@@ -73,7 +72,7 @@ class FairAllocator:
 
     def _drive(self, steps: Flow[T]) -> T:
         reply: Any = None
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         while True:
             try:
                 step = steps.send(reply) if error is None else steps.throw(error)
@@ -101,31 +100,31 @@ class FairAllocator:
     @overload
     def acquire(
         self,
-        timeout: Optional[float] = ...,
+        timeout: float | None = ...,
         *,
-        ttl: Optional[float] = ...,
-        bind: Optional[str] = ...,
+        ttl: float | None = ...,
+        bind: str | None = ...,
         blocking: Literal[True] = ...,
     ) -> Lease: ...
 
     @overload
     def acquire(
         self,
-        timeout: Optional[float] = ...,
+        timeout: float | None = ...,
         *,
-        ttl: Optional[float] = ...,
-        bind: Optional[str] = ...,
+        ttl: float | None = ...,
+        bind: str | None = ...,
         blocking: bool,
-    ) -> Optional[Lease]: ...
+    ) -> Lease | None: ...
 
     def acquire(
         self,
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
         *,
-        ttl: Optional[float] = None,
-        bind: Optional[str] = None,
+        ttl: float | None = None,
+        bind: str | None = None,
         blocking: bool = True,
-    ) -> Optional[Lease]:
+    ) -> Lease | None:
         """Wait in line for a resource and lease it.
 
         Blocks until every requester that queued earlier has been served and
@@ -148,10 +147,10 @@ class FairAllocator:
     @contextlib.contextmanager
     def lease(
         self,
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
         *,
-        ttl: Optional[float] = None,
-        bind: Optional[str] = None,
+        ttl: float | None = None,
+        bind: str | None = None,
         keepalive: bool = False,
     ) -> Iterator[Lease]:
         """Acquire on entry, release on exit::
@@ -180,14 +179,14 @@ class FairAllocator:
         if not self.release(held) or lost is not None:
             raise lost or LeaseLost(self.name, held.resource, held.token, "lost while held")
 
-    def renew(self, lease: Lease, ttl: Optional[float] = None) -> Lease:
+    def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
         """Push the lease's deadline to now + ``ttl`` (default: the lease's
         own ttl) on the server clock. Returns the lease with its new
         ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
         longer held (a lease past its deadline is never brought back)."""
         return self._drive(self._pool.renew(lease, ttl))
 
-    def release(self, lease: Lease, *, quarantine: Optional[float] = None) -> bool:
+    def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
         """End the lease and hand the resource to the next waiter.
 
         True if the lease was live and is now released; False if it had
@@ -205,7 +204,7 @@ class FairAllocator:
         *,
         capacity: int = 1,
         priority: float = 0,
-        rate: Optional[Tuple[int, float]] = None,
+        rate: tuple[int, float] | None = None,
     ) -> int:
         """Add resources, or update existing ones; returns how many are new.
 
@@ -254,7 +253,7 @@ class _Keeper:
         self._owner = owner
         self._lease = lease
         self._stopped = threading.Event()
-        self._lost: Optional[LeaseLost] = None
+        self._lost: LeaseLost | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"allocator-keepalive-{lease.resource}", daemon=True
         )
@@ -270,7 +269,7 @@ class _Keeper:
             except Exception:  # a transport error: try again next interval
                 continue
 
-    def stop(self) -> Optional[LeaseLost]:
+    def stop(self) -> LeaseLost | None:
         """Stop renewing; returns the LeaseLost a renewal met, if any."""
         self._stopped.set()
         self._thread.join()

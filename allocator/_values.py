@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import attrs
 
 __all__ = ["GCReport", "Lease", "PoolStatus", "ResourceStatus"]
@@ -45,9 +43,9 @@ class ResourceStatus:
     priority: float
     leases: int
     state: str
-    until: Optional[float] = None
+    until: float | None = None
     throttled: bool = False
-    rate: Optional[Tuple[int, float]] = None
+    rate: tuple[int, float] | None = None
 
 
 @attrs.frozen
@@ -59,7 +57,7 @@ class PoolStatus:
     free: int
     leased: int
     waiting: int
-    resources: Tuple[ResourceStatus, ...]
+    resources: tuple[ResourceStatus, ...]
     bindings: int = 0
     bind_hits: int = 0
     bind_misses: int = 0

@@ -10,8 +10,6 @@ unwrapped, after the library's own bounded retries.
 
 from __future__ import annotations
 
-
-
 __all__ = ["AcquireTimeout", "AllocatorError", "LeaseLost", "UnknownResource"]
 
 

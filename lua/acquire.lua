@@ -15,26 +15,26 @@ local lid, cid, mode, ttl, alive_ms, blocking, bind, bind_ttl =
 local L, raw = lease_load(lid)
 if L then
   return lease_reply(L)
-elseif raw then
-  return {'queued', string.sub(raw, 3), '-1'}
 end
+local ticket = raw and string.sub(raw, 3)
 
 maintain()
 
-if blocking == '0' then
-  -- Serve those already waiting first; take a resource only if none is left
-  -- waiting afterwards: a non-blocking call never passes anybody.
-  dispatch(nil)
-  if waiting() > 0 or redis.call('ZCARD', K_FREE) == 0 then
-    return {'busy'}
+if not ticket then
+  if blocking == '0' then
+    -- Serve those already waiting first; take a resource only if none is
+    -- left waiting afterwards: a non-blocking call never passes anybody.
+    dispatch(nil)
+    if waiting() > 0 or redis.call('ZCARD', K_FREE) == 0 then
+      return {'busy'}
+    end
   end
+  local fields = {'l', lid, 'c', cid, 'm', mode, 't', ttl}
+  if bind ~= '' then
+    fields[9], fields[10], fields[11], fields[12] = 'b', bind, 'B', bind_ttl
+  end
+  ticket = redis.call('XADD', K_Q, '*', unpack(fields))
 end
-
-local fields = {'l', lid, 'c', cid, 'm', mode, 't', ttl}
-if bind ~= '' then
-  fields[9], fields[10], fields[11], fields[12] = 'b', bind, 'B', bind_ttl
-end
-local ticket = redis.call('XADD', K_Q, '*', unpack(fields))
 
 -- Those ahead are served first, in order; if resources remain, so are we.
 L = dispatch(lid)

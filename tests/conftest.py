@@ -22,7 +22,8 @@ import inspect
 import os
 import threading
 import uuid
-from typing import Any, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple, TypeVar
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -36,8 +37,8 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # -- the session's server ----------------------------------------------------
 
-_SERVER: Optional[RedisServer] = None
-_URL: Optional[str] = None
+_SERVER: RedisServer | None = None
+_URL: str | None = None
 _DESCRIPTION = ""
 
 
@@ -91,7 +92,7 @@ class LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: Optional[float] = 60) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = 60) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
@@ -142,7 +143,7 @@ class SyncView:
 # (backend, flavour, protocol, decode_responses): each of sync/async meets
 # RESP2 and RESP3 and both decode settings on the real server; fakeredis
 # runs each flavour once.
-FLAVOURS: List[Tuple[str, str, int, bool]] = [
+FLAVOURS: list[tuple[str, str, int, bool]] = [
     ("redis", "sync", 3, True),
     ("redis", "sync", 2, False),
     ("redis", "async", 3, False),
@@ -157,9 +158,9 @@ class Factory:
 
     def __init__(self, backend: str, flavour: str, protocol: int, decode: bool) -> None:
         self.backend, self.flavour, self.protocol, self.decode = backend, flavour, protocol, decode
-        self._loop: Optional[LoopThread] = None
+        self._loop: LoopThread | None = None
         self._fake_server: Any = None
-        self._closers: List[Callable[[], None]] = []
+        self._closers: list[Callable[[], None]] = []
         if backend == "redis" and _URL is None:
             pytest.skip("no real Redis for this flavour")
         if backend == "fake":
@@ -174,7 +175,7 @@ class Factory:
         return self._loop
 
     def sync_client(self, **kwargs: Any) -> Any:
-        options: Dict[str, Any] = {"protocol": self.protocol, "decode_responses": self.decode}
+        options: dict[str, Any] = {"protocol": self.protocol, "decode_responses": self.decode}
         options.update(kwargs)
         if self.backend == "fake":
             import fakeredis
@@ -187,7 +188,7 @@ class Factory:
         return client
 
     def async_client(self) -> Any:
-        options: Dict[str, Any] = {"protocol": self.protocol, "decode_responses": self.decode}
+        options: dict[str, Any] = {"protocol": self.protocol, "decode_responses": self.decode}
         if self.backend == "fake":
             import fakeredis
 
@@ -213,7 +214,9 @@ class Factory:
             self._loop.close()
 
 
-@pytest.fixture(params=FLAVOURS, ids=lambda f: f"{f[0]}-{f[1]}-resp{f[2]}-{'str' if f[3] else 'bytes'}")
+@pytest.fixture(
+    params=FLAVOURS, ids=lambda f: f"{f[0]}-{f[1]}-resp{f[2]}-{'str' if f[3] else 'bytes'}"
+)
 def factory(request: pytest.FixtureRequest) -> Iterator[Factory]:
     made = Factory(*request.param)
     yield made

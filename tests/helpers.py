@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 from allocator import FairAllocator
 from allocator._core import Call, Sleep, Wait
@@ -19,7 +20,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str =
         time.sleep(0.005)
 
 
-def ticket_key(ticket: str) -> Tuple[int, int]:
+def ticket_key(ticket: str) -> tuple[int, int]:
     ms, seq = ticket.split("-")
     return int(ms), int(seq)
 
@@ -29,7 +30,7 @@ class Background:
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.result: Any = None
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
@@ -65,12 +66,12 @@ class Stepper:
             kwargs["timeout"], kwargs["ttl"], kwargs["bind"], kwargs["blocking"],
             shared=False, heartbeat=1.0,
         )  # fmt: skip
-        self.steps: List[Any] = []
+        self.steps: list[Any] = []
         self.step: Any = self.flow.steps.send(None)
         self.done = False
         self.value: Any = None
 
-    def _advance(self, send: Any = None, throw: Optional[BaseException] = None) -> Any:
+    def _advance(self, send: Any = None, throw: BaseException | None = None) -> Any:
         try:
             self.step = self.flow.steps.throw(throw) if throw else self.flow.steps.send(send)
         except StopIteration as stop:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, List
+from typing import Any
 
 import pytest
 from helpers import Background, ticket_key, wait_until
@@ -92,7 +92,7 @@ def test_timeout_leaves_the_queue(pool: Any) -> None:
 def test_fifo_among_threads(pool: Any) -> None:
     pool.extend(["r"])
     held = pool.acquire(timeout=5)
-    order: List[int] = []
+    order: list[int] = []
     lock = threading.Lock()
     waiters = []
 
@@ -407,9 +407,9 @@ def test_names_with_braces_and_unicode(factory: Any, pool_name: str) -> None:
     # "a{b}c" and "a%7Bb%7Dc" must not collide once braces are escaped.
     names = [n + pool_name for n in ("a{b}c", "}{", "{x}", "прокси-пул ✓ ", "a%7Bb%7Dc")]
     pools = [factory.pool(n) for n in names]
-    for p, n in zip(pools, names):
+    for p, n in zip(pools, names, strict=False):
         p.extend([f"res-{n}"])
-    for p, n in zip(pools, names):
+    for p, n in zip(pools, names, strict=False):
         status = p.status()
         assert [r.name for r in status.resources] == [f"res-{n}"]
         lease = p.acquire(timeout=5)

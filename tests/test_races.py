@@ -1,0 +1,324 @@
+"""The races of FAILURE-MODES.md (core, 1-10), each staged step by step.
+
+A :class:`~helpers.Stepper` drives a waiter's acquire one step at a time, so
+the test can put a release, a timeout or an interrupt exactly between two of
+its steps; no sleeps decide the order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from helpers import Background, Stepper
+
+from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
+from allocator._core import Call, Wait
+
+
+@pytest.fixture(params=["redis", "fake"])
+def client(request: pytest.FixtureRequest, redis_url_or_none: Any) -> Iterator[Any]:
+    if request.param == "redis":
+        if redis_url_or_none is None:
+            pytest.skip("no real Redis")
+        made = redis.Redis.from_url(redis_url_or_none)
+    else:
+        made = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def redis_url_or_none(request: pytest.FixtureRequest) -> Any:
+    try:
+        return request.getfixturevalue("redis_url")
+    except pytest.skip.Exception:
+        return None
+
+
+@pytest.fixture
+def pool(client: Any, pool_name: str) -> FairAllocator:
+    return FairAllocator(client, pool_name)
+
+
+def queued(stepper: Stepper) -> None:
+    """Run the enqueue; the waiter must now be queued and about to wait."""
+    assert isinstance(stepper.step, Call) and stepper.step.script == "acquire"
+    stepper.run_step()
+    assert isinstance(stepper.step, Wait), stepper.step
+
+
+def test_holder_keeps_resource_beyond_internal_timers(pool: FairAllocator) -> None:
+    """1. Waiters blocking, timing out their reads and polling, never get in."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = Stepper(pool)
+    queued(waiter)
+    for _ in range(3):  # three full heartbeats: wait, time out, poll
+        waiter.run_step()
+        assert isinstance(waiter.step, Call) and waiter.step.script == "poll"
+        waiter.run_step()
+        assert isinstance(waiter.step, Wait)
+    assert pool.status().leased == 1
+    pool.release(held)
+    waiter.run_step()
+    assert waiter.done and waiter.value.resource == "r"
+
+
+def test_timeout_racing_a_grant_passes_it_on(pool: FairAllocator) -> None:
+    """3. The grant was pushed, then the waiter's timeout fired."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    first, second = Stepper(pool), Stepper(pool)
+    queued(first)
+    queued(second)
+    pool.release(held)  # grants `first` and pushes to its list
+    cancel = first.throw(AcquireTimeout(pool.name, 1.0))
+    assert isinstance(cancel, Call) and cancel.script == "cancel"
+    with pytest.raises(AcquireTimeout):
+        first.run_step()
+    # The raced grant went on to `second` in the same script run.
+    second.run_step()
+    assert second.done and second.value.resource == "r"
+    status = pool.status()
+    assert (status.leased, status.waiting) == (1, 0)
+    assert pool.release(second.value)
+    assert pool.status().free == 1
+
+
+@pytest.mark.parametrize("at", ["before-enqueue", "after-enqueue-ran", "waiting", "polling"])
+def test_interrupt_at_every_step_leaves_nothing_behind(pool: FairAllocator, at: str) -> None:
+    """4. KeyboardInterrupt at each step: no orphan ticket, nothing stuck."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = Stepper(pool)
+    if at == "after-enqueue-ran":
+        # The script ran on the server but its reply never arrived.
+        pool._step(waiter.step)
+    elif at in ("waiting", "polling"):
+        queued(waiter)
+        if at == "polling":
+            waiter.run_step()
+            assert isinstance(waiter.step, Call) and waiter.step.script == "poll"
+    cancel = waiter.throw(KeyboardInterrupt())
+    assert isinstance(cancel, Call) and cancel.script == "cancel"
+    with pytest.raises(KeyboardInterrupt):
+        waiter.run_step()
+    assert pool.status().waiting == 0
+    pool.release(held)
+    assert pool.status().free == 1
+    assert pool.acquire(blocking=False) is not None
+
+
+def test_release_between_enqueue_and_block(pool: FairAllocator) -> None:
+    """5. The grant is pushed before the waiter blocks: it finds it at once."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = Stepper(pool)
+    queued(waiter)
+    pool.release(held)
+    waiter.run_step()  # the blocking read returns the pushed grant
+    assert waiter.done and waiter.value.resource == "r"
+    assert len(waiter.steps) == 2  # enqueue, one wait: no extra round trip
+
+
+def test_stale_signals_are_rechecked_not_trusted(pool: FairAllocator, client: Any) -> None:
+    """5. Messages from an earlier round never count as a grant."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = Stepper(pool)
+    queued(waiter)
+    key = waiter.step.key
+    lid = waiter.flow.lid
+    client.rpush(key, f"g|{lid}|1-1|5|1|1000|r")  # a grant for another ticket
+    client.rpush(key, f"g|someone-else|{held.ticket}|5|1|1000|r")
+    client.rpush(key, "garbage")
+    for _ in range(3):
+        waiter.run_step()
+        assert not waiter.done and isinstance(waiter.step, Wait)
+    assert pool.status().leased == 1
+    pool.release(held)
+    waiter.run_step()
+    assert waiter.done and waiter.value.resource == "r"
+
+
+def test_idle_pool_release_racing_arrival(pool: FairAllocator) -> None:
+    """6. Release with an empty queue racing a new arrival: both end well."""
+    pool.extend(["r"])
+    for _ in range(20):
+        held = pool.acquire(timeout=5)
+        barrier = threading.Barrier(2)
+
+        def release(lease: Lease = held, barrier: threading.Barrier = barrier) -> bool:
+            barrier.wait()
+            return pool.release(lease)
+
+        def arrive(barrier: threading.Barrier = barrier) -> Lease:
+            barrier.wait()
+            return pool.acquire(timeout=10)
+
+        r, a = Background(release), Background(arrive)
+        assert r.join() is True
+        got = a.join()
+        assert got.token > held.token
+        assert pool.release(got)
+    status = pool.status()
+    assert (status.free, status.waiting, status.leased) == (1, 0, 0)
+
+
+def test_retried_acquire_keeps_its_place(pool: FairAllocator) -> None:
+    """8. The enqueue ran but its reply was lost; the retry finds the ticket."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = Stepper(pool)
+    enqueue = waiter.step
+    lost = enqueue.parse(pool._step(enqueue))  # ran, but the reply was "lost"
+    retried = pool._step(enqueue)  # the client sends it again
+    again = enqueue.parse(retried)
+    assert isinstance(lost, tuple) and isinstance(again, tuple)
+    assert again[0] == lost[0]  # the same ticket: still queued, in its place
+    assert lost[1] is not None and again[1] is not None  # both told when to look
+    waiter._advance(retried)
+    assert isinstance(waiter.step, Wait)
+    assert pool.status().waiting == 1
+    later = Stepper(pool)
+    queued(later)
+    pool.release(held)
+    waiter.run_step()
+    assert waiter.done, "the retried waiter kept its place at the head"
+    assert pool.status().waiting == 1
+
+
+def test_retried_release_is_not_applied_twice(pool: FairAllocator) -> None:
+    """8. A release applied twice hands off once and bumps nothing twice."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    a, b = Stepper(pool), Stepper(pool)
+    queued(a)
+    queued(b)
+    assert pool.release(held) is True
+    assert pool.release(held) is False
+    a.run_step()
+    assert a.done
+    assert not b.done and pool.status().waiting == 1 and pool.status().leased == 1
+
+
+def test_threads_sharing_one_allocator_never_share_a_lease(pool: FairAllocator) -> None:
+    """9. Many threads on one allocator object; a counter checks exclusion."""
+    pool.extend(["a", "b"])
+    inside = {"a": 0, "b": 0}
+    worst = {"a": 0, "b": 0}
+    lock = threading.Lock()
+    ids: list[str] = []
+
+    def work() -> None:
+        for _ in range(15):
+            lease = pool.acquire(timeout=30)
+            with lock:
+                inside[lease.resource] += 1
+                worst[lease.resource] = max(worst[lease.resource], inside[lease.resource])
+                ids.append(lease.id)
+            with lock:
+                inside[lease.resource] -= 1
+            assert pool.release(lease)
+
+    workers = [Background(work) for _ in range(6)]
+    for w in workers:
+        w.join(60)
+    assert worst == {"a": 1, "b": 1} or max(worst.values()) == 1
+    assert len(ids) == len(set(ids)) == 90
+
+
+def test_bad_input_changes_nothing(pool: FairAllocator) -> None:
+    """10. Validation happens before the first write."""
+    with pytest.raises(TypeError):
+        pool.extend(["a", 5])  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        pool.extend(["a", "b\nc"])
+    assert pool.status().size == 0
+
+
+# -- asyncio: cancellation at each await ---------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["redis", "fake"])
+def test_async_cancellation_leaves_nothing_behind(
+    backend: str, request: pytest.FixtureRequest, pool_name: str
+) -> None:
+    if backend == "redis":
+        url = request.getfixturevalue("redis_url")
+
+    async def scenario() -> None:
+        if backend == "redis":
+            client = redis.asyncio.Redis.from_url(url)
+        else:
+            client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+        apool = AsyncFairAllocator(client, pool_name)
+        await apool.extend(["r"])
+        held = await apool.acquire(timeout=5)
+        # Cancel at successive points: before the first await completes, and
+        # while queued (waiting on the router).
+        for spins in (0, 1, 2, 5, 20):
+            task = asyncio.ensure_future(apool.acquire(timeout=30))
+            for _ in range(spins):
+                await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (await apool.status()).waiting == 0
+        # Queued for sure, then cancelled: still nothing left.
+        task = asyncio.ensure_future(apool.acquire(timeout=30))
+        while (await apool.status()).waiting == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await apool.status()).waiting == 0
+        assert await apool.release(held)
+        assert (await apool.status()).free == 1
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("backend", ["redis", "fake"])
+def test_async_grant_to_departed_waiter_is_passed_on(
+    backend: str, request: pytest.FixtureRequest, pool_name: str
+) -> None:
+    """A grant that reaches the router after its waiter left (here: a ticket
+    queued on the router's list with no local waiter at all) is released by
+    the router, and the next waiter is served without waiting out the
+    pick-up window."""
+    if backend == "redis":
+        url = request.getfixturevalue("redis_url")
+
+    async def scenario() -> None:
+        if backend == "redis":
+            client = redis.asyncio.Redis.from_url(url)
+        else:
+            client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+        apool = AsyncFairAllocator(client, pool_name)
+        await apool.extend(["r"])
+        held = await apool.acquire(timeout=5)
+        ghost = apool._pool.acquire(None, None, None, True, shared=True, heartbeat=None)
+        enqueue = ghost.steps.send(None)
+        state = enqueue.parse(await apool._step(enqueue))
+        assert isinstance(state, tuple)  # queued, at the head, never registered
+        waiter = asyncio.ensure_future(apool.acquire(timeout=30))
+        while (await apool.status()).waiting < 2:
+            await asyncio.sleep(0.005)
+        await apool.release(held)
+        got = await waiter
+        assert got.resource == "r" and got.token > held.token
+        status = await apool.status()
+        assert (status.leased, status.waiting) == (1, 0)
+        await apool.release(got)
+        ghost.steps.close()
+        await client.aclose()
+
+    asyncio.run(scenario())
