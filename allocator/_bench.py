@@ -1,0 +1,311 @@
+"""``allocator bench``: measure the library next to its baselines, in one run.
+
+The machine a benchmark runs on is noisy, so no figure is reported alone: each
+is measured beside a baseline taken in the same run (interleaved sample by
+sample, or in alternating runs), and only the ratio is judged against its
+target. Baselines: a PING round trip, an EVALSHA of ``return 1``, and a
+"token list" pool (free resources in a Redis list; acquire = BLPOP, release =
+RPUSH) driven by the same worker processes as the library.
+
+Scenarios (``--only`` picks some) and the figures they give:
+
+``uncontended``  1   acquire+release cycle vs PING
+``handoff``      2   release -> next acquire, 1 resource, 8 and 32 processes
+                 3   FIFO violations and Jain fairness (also from the others)
+``throughput``   4   grants/s, several resources, 4 processes per resource
+                 8   Redis CPU time per grant
+``large``        5   per-op latency at 100,000 resources vs 10
+                 6   Redis memory per resource
+``waiters``      5   per-op latency with 10,000 waiting tickets vs none
+                 6   Redis memory per waiting ticket
+                 7   10,000 asyncio tasks in one process: served in order,
+                     on at most 2 waiting connections
+
+The scenarios live in :mod:`allocator._bench_scenarios`, the arithmetic in
+:mod:`allocator._bench_stats` (pure, unit-tested), the worker processes in
+:mod:`allocator._bench_workers`.
+
+Exit status of :func:`run`: 0 when every target is met, 1 when one is missed
+or a scenario could not run, 2 when the benchmark could not start at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
+
+import attrs
+import redis
+
+from allocator._bench_scenarios import Bench
+from allocator._bench_stats import format_table
+
+__all__ = ["SCENARIOS", "Plan", "Progress", "add_arguments", "make_plan", "run"]
+
+SCENARIOS = ("uncontended", "handoff", "throughput", "large", "waiters")
+
+
+@attrs.frozen
+class Plan:
+    """Sizes and sample counts of one run (``--quick`` or full)."""
+
+    quick: bool
+    uncontended_samples: int
+    op_samples: int
+    warmup_s: float
+    window_s: float
+    rounds: int
+    handoff_procs: tuple[int, ...]
+    throughput_procs: int
+    throughput_resources: int
+    hold_s: float
+    small_resources: int
+    big_resources: int
+    waiters: int
+    extend_chunk: int = 1000
+    helper_connections: int = 16
+
+    def describe(self) -> str:
+        mode = "quick mode (fewer samples, 8 processes only)" if self.quick else "full mode"
+        return (
+            f"{mode}: {self.window_s:g} s windows x {self.rounds} round(s), "
+            f"handoff with {'/'.join(map(str, self.handoff_procs))} processes, "
+            f"throughput {self.throughput_resources} resources x "
+            f"{self.throughput_procs} processes, "
+            f"{self.big_resources:,} resources, {self.waiters:,} waiters / asyncio tasks"
+        )
+
+
+def make_plan(quick: bool, window_s: float | None = None) -> Plan:
+    """The quick plan fits in a minute on 2 cores, the full one in ten."""
+    if quick:
+        plan = Plan(
+            quick=True,
+            uncontended_samples=2000,
+            op_samples=1000,
+            warmup_s=0.5,
+            window_s=3.0,
+            rounds=1,
+            handoff_procs=(8,),
+            throughput_procs=8,
+            throughput_resources=2,
+            hold_s=0.001,
+            small_resources=10,
+            big_resources=10_000,
+            waiters=1_000,
+        )
+    else:
+        plan = Plan(
+            quick=False,
+            uncontended_samples=10_000,
+            op_samples=5_000,
+            warmup_s=1.0,
+            window_s=8.0,
+            rounds=2,
+            handoff_procs=(8, 32),
+            throughput_procs=32,
+            throughput_resources=8,
+            hold_s=0.001,
+            small_resources=10,
+            big_resources=100_000,
+            waiters=10_000,
+        )
+    if window_s is not None:
+        plan = attrs.evolve(plan, window_s=window_s)
+    return plan
+
+
+# --- CLI -----------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` options to ``parser``."""
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer samples, 8 processes only, 10,000 resources and 1,000 waiters "
+        "(under a minute); the default full run takes a few minutes",
+    )
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        help="use this Redis server instead of starting a private redis-server; "
+        "keys go under a fresh prefix and are deleted afterwards. Memory and CPU "
+        "figures are only meaningful on an otherwise idle server",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the results here (default: bench-<timestamp>.json in the current directory)",
+    )
+    parser.add_argument("--no-json", action="store_true", help="do not write a JSON file")
+    parser.add_argument(
+        "--only",
+        metavar="LIST",
+        type=_scenario_list,
+        help=f"comma-separated scenarios to run, of: {', '.join(SCENARIOS)}",
+    )
+    parser.add_argument(
+        "--window",
+        metavar="SECONDS",
+        type=_positive_float,
+        help="measuring window of each contended run (default 3 quick, 8 full)",
+    )
+    methods = multiprocessing.get_all_start_methods()
+    parser.add_argument(
+        "--start-method",
+        choices=methods,
+        default="fork" if "fork" in methods else "spawn",
+        help="how worker processes are started (default: %(default)s)",
+    )
+
+
+def _scenario_list(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown scenario {', '.join(unknown) or '(none)'}; choose from {', '.join(SCENARIOS)}"
+        )
+    return names
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; 0 if every target is met, 1 if one is missed or a
+    scenario failed, 2 if the benchmark could not start."""
+    try:
+        import allocator
+        from allocator import FairAllocator  # noqa: F401 - fail early and clearly
+    except ImportError as exc:
+        print(f"allocator bench: cannot import the library: {exc}", file=sys.stderr)
+        return 2
+    plan = make_plan(bool(args.quick), args.window)
+    scenarios: Sequence[str] = args.only or SCENARIOS
+    progress = Progress(sys.stderr, total=_step_count(plan, scenarios))
+    started = time.time()
+    server = None
+    url: str = args.url
+    if not url:
+        from allocator._server import RedisServer
+
+        try:
+            server = RedisServer().start()
+        except (OSError, RuntimeError) as exc:
+            print(f"allocator bench: cannot start redis-server: {exc}", file=sys.stderr)
+            return 2
+        url = server.url
+    try:
+        try:
+            bench = Bench(
+                plan=plan,
+                url=url,
+                private=server is not None,
+                ctx=multiprocessing.get_context(args.start_method),
+                progress=progress,
+            )
+        except redis.RedisError as exc:
+            print(f"allocator bench: cannot use the server at {url}: {exc}", file=sys.stderr)
+            return 2
+        try:
+            bench.run(scenarios)
+        finally:
+            bench.close()
+    finally:
+        if server is not None:
+            server.close()
+    finished = time.time()
+
+    report = bench.report(started=started, finished=finished, version=_version(allocator))
+    print(bench.header(args.start_method))
+    print()
+    print(format_table(bench.rows))
+    print()
+    print(bench.baseline_text())
+    if bench.problems:
+        print()
+        print("problems:")
+        for text in bench.problems:
+            print("  - " + text.replace("\n", "\n    "))
+    if not args.no_json:
+        path = args.json or time.strftime("bench-%Y%m%d-%H%M%S.json", time.localtime(started))
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2, sort_keys=False)
+            f.write("\n")
+        print(f"\nwrote {path}")
+    failed = any(row.passed is False for row in bench.rows) or bench.failed_scenarios
+    return 1 if failed else 0
+
+
+def _version(module: Any) -> str:
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def _step_count(plan: Plan, scenarios: Iterable[str]) -> int:
+    steps = 0
+    for name in scenarios:
+        if name == "handoff":
+            steps += 2 * plan.rounds * len(plan.handoff_procs)
+        elif name == "throughput":
+            steps += 2 * plan.rounds
+        else:
+            steps += 1
+    return steps
+
+
+# --- progress ---------------------------------------------------------------------
+
+
+class Progress:
+    """One status line on stderr: live (``\\r``) on a terminal, one line per step
+    otherwise, so that logs stay short."""
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream = stream
+        self.total = total
+        self.n = 0
+        self.label = ""
+        isatty = getattr(stream, "isatty", None)
+        self.tty = bool(isatty()) if callable(isatty) else False
+        self._t0 = time.monotonic()
+        self._last = 0.0
+
+    def begin(self, label: str) -> None:
+        self.n += 1
+        self.label = label
+        self._t0 = time.monotonic()
+        self._last = 0.0
+        self.update("starting")
+
+    def update(self, detail: str) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if now - self._last < 0.1:
+            return
+        self._last = now
+        self.stream.write(f"\r\x1b[K{self._head()} {detail}")
+        self.stream.flush()
+
+    def end(self, summary: str) -> None:
+        line = f"{self._head()} {summary} ({time.monotonic() - self._t0:.1f} s)"
+        self.stream.write(("\r\x1b[K" if self.tty else "") + line + "\n")
+        self.stream.flush()
+
+    def _head(self) -> str:
+        return f"[{self.n}/{self.total}] {self.label}:"

@@ -1,0 +1,296 @@
+"""Code that runs in the benchmark's worker processes.
+
+Two kinds of process: a *contended worker* loops acquire / hold / release on a
+pool (the library's, or the token-list baseline) and reports every grant; the
+*waiters helper* parks thousands of asyncio tasks on one ``AsyncFairAllocator``
+and, once released, reports the order in which they were served.
+
+Both talk to the parent over a ``multiprocessing`` pipe and never raise: an
+error travels back as ``("error", traceback_text)``. The entry points are
+top-level functions so that the ``spawn`` start method can import them.
+Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC on Linux, one clock for all
+processes of the machine, so grants seen by different workers can be ordered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import attrs
+import redis
+import redis.asyncio
+
+from allocator._bench_stats import GrantSample
+
+__all__ = ["ContendedSpec", "WaitersSpec", "contended_worker", "waiters_helper"]
+
+LIBRARY = "library"
+TOKENS = "tokens"
+
+# Above every wait the benchmark asks for, so that a stuck call turns into an
+# error instead of hanging the run.
+SOCKET_TIMEOUT = 120.0
+
+
+@attrs.frozen
+class ContendedSpec:
+    """What a contended worker does. ``kind`` is ``"library"`` or ``"tokens"``.
+
+    For ``"library"`` ``target`` is the pool name; for ``"tokens"`` it is the
+    key of the Redis list holding the free resources.
+    """
+
+    kind: str
+    url: str
+    target: str
+    prefix: str
+    hold_s: float
+    run_ns: int
+    acquire_timeout: float
+    lease_ttl: float
+    client_name: str
+
+
+def contended_worker(index: int, spec: ContendedSpec, conn: Connection) -> None:
+    """Process entry: handshake, loop until the shared deadline, send the grants.
+
+    Protocol: send ``("ready", None)``; receive the start time (monotonic ns);
+    run until start + ``run_ns``; send ``("done", {"samples": [...],
+    "errors": [...]})``. A worker stops taking new grants at the deadline but
+    keeps releasing, so the others drain and exit too.
+    """
+    try:
+        client = redis.Redis.from_url(
+            spec.url, socket_timeout=SOCKET_TIMEOUT, client_name=spec.client_name
+        )
+        client.ping()
+        runner = _library_loop if spec.kind == LIBRARY else _tokens_loop
+        conn.send(("ready", None))
+        start_ns = conn.recv()
+        if not isinstance(start_ns, int):
+            return
+        delay = start_ns - time.monotonic_ns()
+        if delay > 0:
+            time.sleep(delay / 1e9)
+        samples, errors = runner(index, spec, client, start_ns + spec.run_ns)
+        conn.send(("done", {"samples": samples, "errors": errors}))
+    except BaseException:
+        _send_error(conn)
+    finally:
+        conn.close()
+
+
+def _library_loop(
+    index: int, spec: ContendedSpec, client: redis.Redis, stop_ns: int
+) -> tuple[list[GrantSample], list[str]]:
+    from allocator import AcquireTimeout, FairAllocator
+
+    pool = FairAllocator(client, spec.target, lease_ttl=spec.lease_ttl, prefix=spec.prefix)
+    samples: list[GrantSample] = []
+    errors: list[str] = []
+    now = time.monotonic_ns
+    hold = spec.hold_s
+    while True:
+        t_wait = now()
+        if t_wait >= stop_ns:
+            break
+        try:
+            lease = pool.acquire(timeout=spec.acquire_timeout)
+        except AcquireTimeout as exc:
+            errors.append(f"acquire timed out: {exc}")
+            continue
+        t_acquired = now()
+        time.sleep(hold)
+        t_release = now()
+        released = pool.release(lease)
+        t_released = now()
+        if not released:
+            errors.append(f"release of {lease.resource} token {lease.token} returned False")
+        samples.append(
+            GrantSample(
+                index,
+                t_wait,
+                t_acquired,
+                t_release,
+                t_released,
+                lease.resource,
+                lease.token,
+                lease.ticket,
+                lease.granted_at,
+            )
+        )
+    return samples, errors
+
+
+def _tokens_loop(
+    index: int, spec: ContendedSpec, client: redis.Redis, stop_ns: int
+) -> tuple[list[GrantSample], list[str]]:
+    """The baseline: free resources in a list, acquire = BLPOP, release = RPUSH."""
+    samples: list[GrantSample] = []
+    errors: list[str] = []
+    now = time.monotonic_ns
+    hold = spec.hold_s
+    key = spec.target
+    timeout = max(1, round(spec.acquire_timeout))
+    while True:
+        t_wait = now()
+        if t_wait >= stop_ns:
+            break
+        reply = client.blpop([key], timeout=timeout)
+        if reply is None:
+            errors.append("BLPOP timed out")
+            continue
+        t_acquired = now()
+        value = reply[1]
+        resource = value.decode() if isinstance(value, bytes) else str(value)
+        time.sleep(hold)
+        t_release = now()
+        client.rpush(key, resource)
+        t_released = now()
+        samples.append(GrantSample(index, t_wait, t_acquired, t_release, t_released, resource))
+    return samples, errors
+
+
+def _send_error(conn: Connection) -> None:
+    with contextlib.suppress(Exception):
+        conn.send(("error", traceback.format_exc()))
+
+
+# --- the waiters helper ------------------------------------------------------
+
+
+@attrs.frozen
+class WaitersSpec:
+    """One process of many asyncio waiters on one pool."""
+
+    url: str
+    pool: str
+    prefix: str
+    client_name: str
+    max_connections: int
+    wait_timeout: float
+    lease_ttl: float
+
+
+def waiters_helper(spec: WaitersSpec, conn: Connection) -> None:
+    """Process entry for the asyncio waiters.
+
+    Protocol (parent -> helper / helper -> parent):
+    ``("enqueue", k)`` starts ``k`` more waiting tasks and answers
+    ``("enqueued", {"waiting": w, "tasks": n, "seconds": s})`` once the pool
+    reports that many waiting; ``("finish", timeout)`` waits for every task to
+    be served (each releases at once) and answers ``("done", {...})``;
+    ``("quit", None)`` cancels what is left.
+    """
+    try:
+        asyncio.run(_waiters_main(spec, conn))
+    except BaseException:
+        _send_error(conn)
+    finally:
+        conn.close()
+
+
+async def _waiters_main(spec: WaitersSpec, conn: Connection) -> None:
+    from allocator import AsyncFairAllocator
+
+    # A bounded pool: enqueueing thousands of tasks at once would otherwise
+    # open one connection per in-flight call. Waiting must not need them.
+    cpool = redis.asyncio.BlockingConnectionPool.from_url(
+        spec.url,
+        max_connections=spec.max_connections,
+        timeout=SOCKET_TIMEOUT,
+        socket_timeout=SOCKET_TIMEOUT,
+        client_name=spec.client_name,
+    )
+    client = redis.asyncio.Redis(connection_pool=cpool)
+    apool = AsyncFairAllocator(client, spec.pool, lease_ttl=spec.lease_ttl, prefix=spec.prefix)
+    grants: list[tuple[int, str, float, int, int]] = []
+    errors: list[str] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def waiter(i: int) -> None:
+        try:
+            lease = await apool.acquire(timeout=spec.wait_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            errors.append(f"task {i}: {exc!r}")
+            return
+        grants.append((i, lease.ticket, lease.granted_at, lease.token, time.monotonic_ns()))
+        try:
+            await apool.release(lease)
+        except Exception as exc:
+            errors.append(f"task {i} release: {exc!r}")
+
+    try:
+        await client.ping()
+        conn.send(("ready", None))
+        while True:
+            if not conn.poll():
+                await asyncio.sleep(0.005)
+                continue
+            cmd, arg = conn.recv()
+            if cmd == "enqueue":
+                t0 = time.monotonic()
+                for _ in range(int(arg)):
+                    tasks.append(asyncio.ensure_future(waiter(len(tasks))))
+                waiting = await _wait_for_waiting(apool, tasks, deadline=t0 + 120.0)
+                conn.send(
+                    (
+                        "enqueued",
+                        {
+                            "waiting": waiting,
+                            "tasks": len(tasks),
+                            "seconds": time.monotonic() - t0,
+                            "errors": list(errors),
+                        },
+                    )
+                )
+            elif cmd == "finish":
+                t0 = time.monotonic()
+                pending: Any = set()
+                if tasks:
+                    _, pending = await asyncio.wait(tasks, timeout=float(arg))
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.gather(*pending, return_exceptions=True)
+                conn.send(
+                    (
+                        "done",
+                        {
+                            "grants": grants,
+                            "errors": errors,
+                            "unfinished": len(pending),
+                            "seconds": time.monotonic() - t0,
+                        },
+                    )
+                )
+                return
+            else:
+                return
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.aclose()
+        await cpool.disconnect()
+
+
+async def _wait_for_waiting(
+    apool: Any, tasks: list[asyncio.Task[None]], deadline: float
+) -> int | None:
+    """Poll the pool's status until every task waits, has ended, or the deadline."""
+    waiting: int | None = None
+    while time.monotonic() < deadline:
+        status = await apool.status()
+        waiting = int(status.waiting)
+        if waiting + sum(1 for t in tasks if t.done()) >= len(tasks):
+            return waiting
+        await asyncio.sleep(0.02)
+    return waiting
