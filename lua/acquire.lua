@@ -12,35 +12,36 @@ local lid, cid, mode, ttl, alive_ms, blocking, bind, bind_ttl =
 
 -- A retried call whose first reply was lost finds its own ticket here,
 -- instead of queueing a second time.
-local L, raw = lease_load(lid)
+local L, raw = P:lease_load(lid)
 if L then
-  return lease_reply(L)
+  return P.lease_reply(L)
 end
 local ticket = raw and string.sub(raw, 3)
 
-maintain()
+P:maintain()
 
 if not ticket then
   if blocking == '0' then
     -- Serve those already waiting first; take a resource only if none is
     -- left waiting afterwards: a non-blocking call never passes anybody.
-    dispatch(nil)
-    if waiting() > 0 or redis.call('ZCARD', K_FREE) == 0 then
+    P:dispatch(nil)
+    if P:waiting() > 0 or redis.call('ZCARD', P.FREE) == 0 then
       return {'busy'}
     end
   end
-  local fields = {'l', lid, 'c', cid, 'm', mode, 't', ttl}
-  if bind ~= '' then
-    fields[9], fields[10], fields[11], fields[12] = 'b', bind, 'B', bind_ttl
+  if bind == '' then
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 'm', mode, 't', ttl)
+  else
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 'm', mode, 't', ttl,
+      'b', bind, 'B', bind_ttl)
   end
-  ticket = redis.call('XADD', K_Q, '*', unpack(fields))
 end
 
 -- Those ahead are served first, in order; if resources remain, so are we.
-L = dispatch(lid)
+L = P:dispatch(lid)
 if L then
-  return lease_reply(L)
+  return P.lease_reply(L)
 end
-redis.call('HSET', K_RECS, lid, 'W|' .. ticket)
-redis.call('ZADD', K_ALIVE, fmt(NOW + alive_ms), cid)
-return {'queued', ticket, fmt(SELF_HINT or -1)}
+redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
+redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+return {'queued', ticket, P.self_hint or -1}

@@ -8,23 +8,23 @@
 --      | {'gone'} nothing to do (already cancelled, or never queued)
 local lid, mode = ARGV[1], ARGV[2]
 
-maintain()
+P:maintain()
 local out = 'gone'
-local L, raw = lease_load(lid)
+local L, raw = P:lease_load(lid)
 if L then
   if L.pickup == '1' then
-    redis.call('LREM', KEYS[14], 1, grant_msg(lid, L))
+    redis.call('LREM', KEYS[14], 1, P.grant_msg(lid, L))
   end
-  end_and_settle(lid, L)
+  P:end_and_settle(lid, L)
   out = 'released'
 elseif raw then
-  redis.call('XDEL', K_Q, string.sub(raw, 3))
-  redis.call('HDEL', K_RECS, lid)
-  unhint(lid)
+  redis.call('XDEL', P.Q, string.sub(raw, 3))
+  redis.call('HDEL', P.RECS, lid)
+  P:unhint(lid)
   out = 'cancelled'
 end
 if mode == 'l' then
   redis.call('DEL', KEYS[14])
 end
-dispatch(nil)
+P:dispatch(nil)
 return {out}

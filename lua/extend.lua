@@ -7,11 +7,11 @@
 -- Reply: {'extended', added}
 local cap, score, rc, rw = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 
-maintain()
+P:maintain()
 local added = 0
 for i = 5, #ARGV do
   local name = ARGV[i]
-  local r = res_load(name)
+  local r = P:res_load(name)
   local restamp = false
   if r then
     restamp = r.score ~= score
@@ -22,22 +22,22 @@ for i = 5, #ARGV do
   else
     -- New, or back after removal: continue its token sequence, and void any
     -- lease left from before it was removed.
-    local fence = tonumber(redis.call('HGET', K_GONE, name) or 0)
-    redis.call('HDEL', K_GONE, name)
+    local fence = tonumber(redis.call('HGET', P.GONE, name) or 0)
+    redis.call('HDEL', P.GONE, name)
     r = {cap = cap, score = score, used = 0, fence = fence, state = 'a', untl = 0,
          stamp = '', rc = rc, rw = rw, rv = fence}
     added = added + 1
   end
   -- The rate may have changed: a throttle is re-decided under the new one.
   if r.state == 't' then
-    redis.call('ZREM', K_PARK, name)
+    redis.call('ZREM', P.PARK, name)
     r.state, r.untl = 'a', 0
   end
   if r.state == 'a' and r.rc > 0 then
-    throttle_if_spent(name, r)
+    P:throttle_if_spent(name, r)
   end
-  place(name, r, restamp)
-  res_save(name, r)
+  P:place(name, r, restamp)
+  P:res_save(name, r)
 end
-dispatch(nil)
+P:dispatch(nil)
 return {'extended', added}

@@ -9,7 +9,7 @@
 --    the server clock decides);
 -- 2. queue entries of waiters that are gone, page by page through the queue;
 -- 3. bindings past their ttl; liveness marks that ran out;
--- 4. quarantines and throttles that ended; then the queue is served.
+-- 4. then the queue is served.
 --
 -- ARGV: pel_cursor ('0-0' to start), queue_cursor ('' to start), count
 -- Reply: {'gc', reclaimed, dropped_waiters, expired_bindings, unparked,
@@ -19,35 +19,39 @@ local pel_cursor, q_cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local more = 0
 local orphans = 0
 
-if reclaim(count) >= count then
+-- gc runs the maintenance pass whatever `nd` says (and so repairs it).
+P:meta()
+P.nd = 0
+local reclaimed_now, unparked = P:maintain(count)
+if reclaimed_now >= count or unparked >= count then
   more = 1
 end
 
--- 1. The pending list: every granted ticket, whatever `exp` says about it.
-local claimed = redis.pcall('XAUTOCLAIM', K_Q, 'g', 'd', 0, pel_cursor, 'COUNT', count, 'JUSTID')
+-- 1. The pending list: every granted ticket, whatever EXP says about it.
+local claimed = redis.pcall('XAUTOCLAIM', P.Q, 'g', 'd', 0, pel_cursor, 'COUNT', count, 'JUSTID')
 local next_pel = '0-0'
 if not claimed.err then
   next_pel = claimed[1]
   for _, id in ipairs(claimed[2]) do
-    local e = redis.call('XRANGE', K_Q, id, id)[1]
-    local t = e and ticket_of(e)
+    local e = redis.call('XRANGE', P.Q, id, id)[1]
+    local t = e and P.ticket_of(e)
     local L, raw = nil, nil
     if t and t.l then
-      L, raw = lease_load(t.l)
+      L, raw = P:lease_load(t.l)
     end
     if L and L.ticket == id then
-      if L.deadline <= NOW or not counted(L, res_load(L.res)) then
-        end_and_settle(t.l, L)
-        RECLAIMED = RECLAIMED + 1
+      if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
+        P:end_and_settle(t.l, L)
+        P.reclaimed = P.reclaimed + 1
       end
     elseif raw and string.sub(raw, 3) == id then
       -- A waiting ticket that the group delivered without a grant (the group
       -- was moved by hand): ack it; it keeps its place in the queue.
-      redis.call('XACK', K_Q, 'g', id)
+      redis.call('XACK', P.Q, 'g', id)
     else
       -- Pending with no lease behind it: a leftover, acked and deleted.
-      redis.call('XACK', K_Q, 'g', id)
-      redis.call('XDEL', K_Q, id)
+      redis.call('XACK', P.Q, 'g', id)
+      redis.call('XDEL', P.Q, id)
       orphans = orphans + 1
     end
   end
@@ -59,17 +63,16 @@ end
 
 -- 2. Waiters that are gone, anywhere in the queue (dispatch drops them only
 -- when they reach the head).
-local ld = redis.call('HGET', K_META, 'ld') or '0-0'
-local from = ld
+local from = P:last_delivered()
 if q_cursor ~= '' then
   from = q_cursor
 end
 local next_q = ''
-local entries = redis.call('XRANGE', K_Q, '(' .. from, '+', 'COUNT', count)
+local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
 for _, e in ipairs(entries) do
-  local t = ticket_of(e)
-  if not alive(t.c) then
-    drop(t)
+  local t = P.ticket_of(e)
+  if not P:alive(t.c) then
+    P:drop(t)
   end
 end
 if #entries >= count then
@@ -77,20 +80,16 @@ if #entries >= count then
 end
 
 -- 3. Bindings past their ttl, and liveness marks that ran out.
-local expired = redis.call('ZRANGEBYSCORE', K_BEXP, '-inf', NOW, 'LIMIT', 0, count)
+local expired = redis.call('ZRANGEBYSCORE', P.BEXP, '-inf', P.now, 'LIMIT', 0, count)
 for _, name in ipairs(expired) do
-  redis.call('HDEL', K_BIND, name)
-  redis.call('ZREM', K_BEXP, name)
+  redis.call('HDEL', P.BIND, name)
+  redis.call('ZREM', P.BEXP, name)
 end
 if #expired >= count then
   more = 1
 end
-redis.call('ZREMRANGEBYSCORE', K_ALIVE, '-inf', '(' .. fmt(NOW))
+redis.call('ZREMRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now)
 
--- 4. Ended quarantines and throttles; then serve whoever can be served.
-local unparked = unpark(count)
-if unparked >= count then
-  more = 1
-end
-dispatch(nil)
-return {'gc', RECLAIMED, DROPPED, #expired, unparked, orphans, next_pel, next_q, more}
+-- 4. Serve whoever can be served now.
+P:dispatch(nil)
+return {'gc', P.reclaimed, P.dropped, #expired, unparked, orphans, next_pel, next_q, more}

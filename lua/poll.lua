@@ -11,33 +11,33 @@
 --      | {'alive', epoch}                        client-level heartbeat
 local lid, cid, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-redis.call('ZADD', K_ALIVE, fmt(NOW + alive_ms), cid)
-maintain()
+redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+P:maintain()
 
 if lid == '' then
-  dispatch(nil)
+  P:dispatch(nil)
   -- The epoch changes only when the pool's state was lost (a restart without
   -- persistence, a flush): the router then has every waiter check its ticket.
-  redis.call('HSETNX', K_META, 'epoch', fmt(NOW_US))
-  return {'alive', redis.call('HGET', K_META, 'epoch')}
+  redis.call('HSETNX', P.META, 'epoch', P.fmt(P.now_us))
+  return {'alive', redis.call('HGET', P.META, 'epoch')}
 end
 
-local mine = dispatch(lid)
+local mine = P:dispatch(lid)
 if mine then
-  return lease_reply(mine)
+  return P.lease_reply(mine)
 end
-local L, raw = lease_load(lid)
+local L, raw = P:lease_load(lid)
 if L then
   -- Granted by an earlier push: hand it over in this reply, and take the
   -- message back so that it is not seen twice.
   if L.pickup == '1' then
-    redis.call('LREM', KEYS[14], 1, grant_msg(lid, L))
+    redis.call('LREM', KEYS[14], 1, P.grant_msg(lid, L))
     L.pickup = '0'
-    lease_save(lid, L)
-    redis.call('ZADD', K_EXP, fmt(L.deadline), lid)
+    P:lease_save(lid, L)
+    P:schedule(P.EXP, L.deadline, lid)
   end
-  return lease_reply(L)
+  return P.lease_reply(L)
 elseif raw then
-  return {'queued', string.sub(raw, 3), fmt(SELF_HINT or -1)}
+  return {'queued', string.sub(raw, 3), P.self_hint or -1}
 end
 return {'gone'}

@@ -6,22 +6,22 @@
 -- Reply: {'removed', count}   unknown names are not counted
 local force = ARGV[1] == '1'
 
-maintain()
+P:maintain()
 local n = 0
 for i = 2, #ARGV do
   local name = ARGV[i]
-  local r = res_load(name)
+  local r = P:res_load(name)
   if r then
     n = n + 1
     if force or r.used <= 0 then
-      retire(name, r)
+      P:retire(name, r)
     else
-      redis.call('ZREM', K_PARK, name)
+      redis.call('ZREM', P.PARK, name)
       r.state, r.untl = 'd', 0
-      place(name, r, false)
-      res_save(name, r)
+      P:place(name, r, false)
+      P:res_save(name, r)
     end
   end
 end
-dispatch(nil)
+P:dispatch(nil)
 return {'removed', n}

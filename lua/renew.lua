@@ -5,20 +5,20 @@
 -- Reply: {'renewed', deadline_ms} | {'lost'}
 local lid, ticket, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-maintain()
-local L = lease_load(lid)
+P:maintain()
+local L = P:lease_load(lid)
 if not L or L.ticket ~= ticket then
-  dispatch(nil)
+  P:dispatch(nil)
   return {'lost'}
 end
-if L.deadline <= NOW or not counted(L, res_load(L.res)) then
-  end_and_settle(lid, L)
-  dispatch(nil)
+if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
+  P:end_and_settle(lid, L)
+  P:dispatch(nil)
   return {'lost'}
 end
-L.deadline = NOW + ttl
+L.deadline = P.now + ttl
 L.pickup = '0'
-lease_save(lid, L)
-redis.call('ZADD', K_EXP, fmt(L.deadline), lid)
-dispatch(nil)
-return {'renewed', fmt(L.deadline)}
+P:lease_save(lid, L)
+P:schedule(P.EXP, L.deadline, lid)
+P:dispatch(nil)
+return {'renewed', L.deadline}

@@ -3,14 +3,15 @@
 -- ARGV: none
 -- Reply: {'status', now_us, free, waiting, bindings, bind_hits, bind_misses,
 --         name1, record1, name2, record2, ...}   records as in lua/README.md
-maintain()
-dispatch(nil)
-local meta = redis.call('HMGET', K_META, 'bhit', 'bmiss')
+P:maintain()
+P:dispatch(nil)
+local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss')
 local out = {
-  'status', fmt(NOW_US), redis.call('ZCARD', K_FREE), waiting(),
-  redis.call('ZCOUNT', K_BEXP, '(' .. fmt(NOW), '+inf'), tonumber(meta[1] or 0), tonumber(meta[2] or 0),
+  'status', P.fmt(P.now_us), redis.call('ZCARD', P.FREE), P:waiting(),
+  redis.call('ZCOUNT', P.BEXP, '(' .. P.now, '+inf'), tonumber(meta[1] or 0),
+  tonumber(meta[2] or 0),
 }
-local rows = redis.call('HGETALL', K_RES)
+local rows = redis.call('HGETALL', P.RES)
 for i = 1, #rows do
   out[#out + 1] = rows[i]
 end

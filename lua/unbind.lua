@@ -4,7 +4,7 @@
 -- Reply: {'unbound', 1 | 0}   0: there was no live binding
 local name = ARGV[1]
 
-local live = tonumber(redis.call('ZSCORE', K_BEXP, name) or 0) > NOW
-redis.call('ZREM', K_BEXP, name)
-local had = redis.call('HDEL', K_BIND, name)
+local live = tonumber(redis.call('ZSCORE', P.BEXP, name) or 0) > P.now
+redis.call('ZREM', P.BEXP, name)
+local had = redis.call('HDEL', P.BIND, name)
 return {'unbound', (had == 1 and live) and 1 or 0}
