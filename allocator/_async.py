@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import (
     Any,
@@ -18,14 +19,18 @@ from typing import (
     overload,
 )
 
+from redis.exceptions import NoScriptError
+
 from . import _core
 from ._core import Call, Flow, Pool, Step, Wait
-from ._scripts import register
+from ._scripts import scripts
 from ._sync import heartbeat_for
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
 __all__ = ["AsyncFairAllocator"]
+
+_log = logging.getLogger("allocator")
 
 T = TypeVar("T")
 
@@ -49,7 +54,7 @@ class AsyncFairAllocator:
     ) -> None:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
         self._client = client
-        self._scripts = register(client)
+        self._scripts = scripts()
         self._heartbeat = heartbeat_for(client)
         self._router: _Router | None = None
 
@@ -92,7 +97,12 @@ class AsyncFairAllocator:
 
     async def _step(self, step: Step) -> Any:
         if isinstance(step, Call):
-            return await self._scripts[step.script](keys=step.keys, args=step.args)
+            sha = self._scripts.sha[step.script]
+            try:
+                return await self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+            except NoScriptError:
+                await self._client.script_load(self._scripts.text[step.script])
+                return await self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
         if isinstance(step, Wait):
             return await self._get_router().wait(step.lid, step.timeout)
         await asyncio.sleep(step.seconds)
@@ -246,6 +256,13 @@ class _Router:
 
     def unregister(self, lid: str) -> None:
         self._queues.pop(lid, None)
+        if not self._queues and self._reader is not None:
+            # Nobody left to route to: stop reading now, so that the reader
+            # holds no connection of a client its owner may be closing. A
+            # grant it may have popped in flight belongs to a waiter whose
+            # cancel script already passed that grant on.
+            self._reader.cancel()
+            self._reader = None
 
     async def wait(self, lid: str, timeout: float | None) -> Any:
         if self._reader is None:
@@ -279,32 +296,38 @@ class _Router:
 
     async def _read(self) -> None:
         client, interval = self._owner._client, self._owner._heartbeat
+        me = asyncio.current_task()
         last_beat = self.loop.time()
+        delay = 0.05
         try:
-            while self._queues:
-                now = self.loop.time()
-                if now - last_beat >= interval:
-                    try:
-                        await self._beat()
-                    except _core.TRANSPORT_ERRORS:
-                        await asyncio.sleep(0.1)
-                        continue
-                    if now - last_beat > _core.ALIVE:
-                        # Stalled long enough to look dead: tickets may be gone.
-                        self._recheck_all()
-                    last_beat = now
-                timeout = max(0.01, interval - (self.loop.time() - last_beat))
+            while self._queues and me is self._reader:
                 try:
+                    now = self.loop.time()
+                    if now - last_beat >= interval:
+                        await self._beat()
+                        if now - last_beat > _core.ALIVE:
+                            # Stalled long enough to look dead: tickets may be gone.
+                            self._recheck_all()
+                        last_beat = now
+                    timeout = max(0.01, interval - (self.loop.time() - last_beat))
                     popped = await client.blpop([self._key], timeout=timeout)
-                except _core.TRANSPORT_ERRORS:
-                    await asyncio.sleep(0.1)
-                    continue
-                if popped is not None:
-                    self._route(popped[1])
+                    if popped is not None:
+                        self._route(popped[1])
+                    delay = 0.05
+                except _core.TRANSIENT_ERRORS:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                except Exception:
+                    # Never die silently with waiters parked on it: have each
+                    # look by itself (its own call shows the error), back off.
+                    _log.warning("allocator: waiting-list reader failed", exc_info=True)
+                    self._recheck_all()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
         finally:
-            # No await between the last check of the queues and this line, so
-            # a waiter that registers now sees no reader and starts one.
-            self._reader = None
+            # A reader detached by unregister() must not clear its successor.
+            if self._reader is me:
+                self._reader = None
 
 
 class _Keeper:

@@ -32,6 +32,7 @@ from typing import (
 )
 
 import attrs
+from redis.exceptions import ClusterError, ReadOnlyError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -71,7 +72,19 @@ MAX_NAME = 200
 MAX_RESOURCE = 1024
 MAX_SECONDS = 10 * 365 * 24 * 3600.0
 
-TRANSPORT_ERRORS = (RedisConnectionError, RedisTimeoutError)
+#: Errors that pass: a lost connection, a server still loading its data, a
+#: failover (a demoted master answers READONLY), a cluster slot in migration
+#: (TRYAGAIN until redis-py gives up) or a cluster that is reconfiguring.
+#: Every script is safe to run again, so these are retried within the
+#: caller's deadline.
+TRANSIENT_ERRORS = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,
+    TryAgainError,
+    ReadOnlyError,
+    SlotNotCoveredError,
+)
 
 KEY_SUFFIXES = (
     "meta", "res", "gone", "free", "park", "q", "recs", "exp", "bind", "bexp", "alive", "rlog",
@@ -310,7 +323,7 @@ class Pool:
     def _retrying(
         call: Call[T], *, deadline: float | None = None, attempts: int | None = None
     ) -> Flow[T]:
-        """Run ``call``, retrying transport errors with backoff: until
+        """Run ``call``, retrying transient errors with backoff: until
         ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
         Every script is safe to run again after a reply was lost."""
         delay, tries = 0.05, 0
@@ -318,7 +331,7 @@ class Pool:
             tries += 1
             try:
                 reply = yield call
-            except TRANSPORT_ERRORS:
+            except TRANSIENT_ERRORS:
                 out_of_time = deadline is not None and time.monotonic() + delay >= deadline
                 if out_of_time or (attempts is not None and tries >= attempts):
                     raise
@@ -418,7 +431,7 @@ class Pool:
                         break
                     try:
                         message = yield Wait(key, lid, span)
-                    except TRANSPORT_ERRORS:
+                    except TRANSIENT_ERRORS:
                         yield Sleep(0.1)
                         break
                     if message is None:

@@ -8,9 +8,11 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
+from redis.exceptions import NoScriptError
+
 from . import _core
 from ._core import Call, Flow, Pool, Step, Wait
-from ._scripts import register
+from ._scripts import scripts
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
@@ -54,7 +56,7 @@ class FairAllocator:
     ) -> None:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
         self._client = client
-        self._scripts = register(client)
+        self._scripts = scripts()
         self._heartbeat = heartbeat_for(client)
 
     def __repr__(self) -> str:
@@ -86,7 +88,12 @@ class FairAllocator:
 
     def _step(self, step: Step) -> Any:
         if isinstance(step, Call):
-            return self._scripts[step.script](keys=step.keys, args=step.args)
+            sha = self._scripts.sha[step.script]
+            try:
+                return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+            except NoScriptError:
+                self._client.script_load(self._scripts.text[step.script])
+                return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
         if isinstance(step, Wait):
             # Redis reads a timeout under 1 ms as 0, which blocks for ever.
             timeout = self._heartbeat if step.timeout is None else max(step.timeout, 0.01)

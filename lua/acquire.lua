@@ -21,11 +21,15 @@ local ticket = raw and string.sub(raw, 3)
 P:maintain()
 
 if not ticket then
+  local ahead = P:waiting() > 0
   if blocking == '0' then
     -- Serve those already waiting first; take a resource only if none is
     -- left waiting afterwards: a non-blocking call never passes anybody.
-    P:dispatch(nil)
-    if P:waiting() > 0 or redis.call('ZCARD', P.FREE) == 0 then
+    if ahead then
+      P:dispatch(nil)
+      ahead = P:waiting() > 0
+    end
+    if ahead or redis.call('ZCARD', P.FREE) == 0 then
       return {'busy'}
     end
   end
@@ -34,6 +38,17 @@ if not ticket then
   else
     ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 'm', mode, 't', ttl,
       'b', bind, 'B', bind_ttl)
+  end
+  if not ahead then
+    -- Nobody waits: the caller is the head. The uncontended case ends here.
+    local best = redis.call('ZRANGE', P.FREE, 0, 0)[1]
+    if best then
+      local t = {id = ticket, l = lid, c = cid, m = mode, t = ttl, B = bind_ttl}
+      if bind ~= '' then
+        t.b = bind
+      end
+      return P.lease_reply(P:grant(t, best, lid))
+    end
   end
 end
 

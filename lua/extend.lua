@@ -5,7 +5,7 @@
 -- ARGV: capacity, score (-priority, as a string), rate_count (0: none),
 --       rate_window_ms, name...
 -- Reply: {'extended', added}
-local cap, score, rc, rw = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local cap, score, rc, rw = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 
 P:maintain()
 local added = 0
@@ -22,18 +22,18 @@ for i = 5, #ARGV do
   else
     -- New, or back after removal: continue its token sequence, and void any
     -- lease left from before it was removed.
-    local fence = tonumber(redis.call('HGET', P.GONE, name) or 0)
+    local fence = redis.call('HGET', P.GONE, name) or '0'
     redis.call('HDEL', P.GONE, name)
-    r = {cap = cap, score = score, used = 0, fence = fence, state = 'a', untl = 0,
+    r = {cap = cap, score = score, used = 0, fence = fence, state = 'a', untl = '0',
          stamp = '', rc = rc, rw = rw, rv = fence}
     added = added + 1
   end
   -- The rate may have changed: a throttle is re-decided under the new one.
   if r.state == 't' then
     redis.call('ZREM', P.PARK, name)
-    r.state, r.untl = 'a', 0
+    r.state, r.untl = 'a', '0'
   end
-  if r.state == 'a' and r.rc > 0 then
+  if r.state == 'a' and r.rc ~= '0' then
     P:throttle_if_spent(name, r)
   end
   P:place(name, r, restamp)

@@ -30,6 +30,11 @@ end
 -- 1. The pending list: every granted ticket, whatever EXP says about it.
 local claimed = redis.pcall('XAUTOCLAIM', P.Q, 'g', 'd', 0, pel_cursor, 'COUNT', count, 'JUSTID')
 local next_pel = '0-0'
+-- No group yet (nothing was ever granted) means nothing is pending; any
+-- other error (an ACL without XAUTOCLAIM, say) is the caller's to see.
+if claimed.err and not string.find(tostring(claimed.err), 'NOGROUP', 1, true) then
+  return redis.error_reply(tostring(claimed.err))
+end
 if not claimed.err then
   next_pel = claimed[1]
   for _, id in ipairs(claimed[2]) do
@@ -63,7 +68,8 @@ end
 
 -- 2. Waiters that are gone, anywhere in the queue (dispatch drops them only
 -- when they reach the head).
-local from = P:last_delivered()
+P:meta()
+local from = P.ld
 if q_cursor ~= '' then
   from = q_cursor
 end

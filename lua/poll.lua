@@ -18,7 +18,7 @@ if lid == '' then
   P:dispatch(nil)
   -- The epoch changes only when the pool's state was lost (a restart without
   -- persistence, a flush): the router then has every waiter check its ticket.
-  redis.call('HSETNX', P.META, 'epoch', P.fmt(P.now_us))
+  redis.call('HSETNX', P.META, 'epoch', P.now_s)
   return {'alive', redis.call('HGET', P.META, 'epoch')}
 end
 

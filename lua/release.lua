@@ -23,7 +23,7 @@ end
 if quarantine ~= '' and r.state ~= 'd' then
   local untl = P.now + tonumber(quarantine)
   if r.state == 'q' or r.state == 't' then
-    untl = math.max(untl, r.untl)
+    untl = math.max(untl, tonumber(r.untl))
   end
   P:park(L.res, r, 'q', untl)
 end

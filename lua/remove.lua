@@ -17,7 +17,7 @@ for i = 2, #ARGV do
       P:retire(name, r)
     else
       redis.call('ZREM', P.PARK, name)
-      r.state, r.untl = 'd', 0
+      r.state, r.untl = 'd', '0'
       P:place(name, r, false)
       P:res_save(name, r)
     end

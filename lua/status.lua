@@ -7,7 +7,7 @@ P:maintain()
 P:dispatch(nil)
 local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss')
 local out = {
-  'status', P.fmt(P.now_us), redis.call('ZCARD', P.FREE), P:waiting(),
+  'status', P.now_s, redis.call('ZCARD', P.FREE), P:waiting(),
   redis.call('ZCOUNT', P.BEXP, '(' .. P.now, '+inf'), tonumber(meta[1] or 0),
   tonumber(meta[2] or 0),
 }
