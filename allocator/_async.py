@@ -9,6 +9,7 @@ a second keeps all of them alive in the queue.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
@@ -22,7 +23,7 @@ from typing import (
 from redis.exceptions import NoScriptError
 
 from . import _core
-from ._core import Call, Flow, Pool, Step, Wait
+from ._core import Call, Command, Flow, Pool, Step, Wait
 from ._scripts import scripts
 from ._sync import heartbeat_for
 from ._values import GCReport, Lease, PoolStatus
@@ -105,6 +106,8 @@ class AsyncFairAllocator:
                 return await self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
         if isinstance(step, Wait):
             return await self._get_router().wait(step.lid, step.timeout)
+        if isinstance(step, Command):
+            return await self._client.execute_command(*step.args)
         await asyncio.sleep(step.seconds)
         return None
 
@@ -146,7 +149,7 @@ class AsyncFairAllocator:
     ) -> Lease | None:
         """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
         Cancelling the task leaves the queue."""
-        flow = self._pool.acquire(timeout, ttl, bind, blocking, shared=True, heartbeat=None)
+        flow = self._pool.acquire(timeout, ttl, bind, blocking)
         router = self._get_router()
         router.register(flow.lid)
         try:
@@ -250,12 +253,15 @@ class _Router:
         self._reader: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._epoch: str | None = None
+        # Waiters that have waited, probed in turn (O(1) add, remove, rotate).
+        self._probes: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def register(self, lid: str) -> None:
         self._queues[lid] = asyncio.Queue()
 
     def unregister(self, lid: str) -> None:
         self._queues.pop(lid, None)
+        self._probes.pop(lid, None)
         if not self._queues and self._reader is not None:
             # Nobody left to route to: stop reading now, so that the reader
             # holds no connection of a client its owner may be closing. A
@@ -264,7 +270,15 @@ class _Router:
             self._reader.cancel()
             self._reader = None
 
+    def _next_probe(self) -> str:
+        if not self._probes:
+            return ""
+        lid = next(iter(self._probes))
+        self._probes.move_to_end(lid)
+        return lid
+
     async def wait(self, lid: str, timeout: float | None) -> Any:
+        self._probes[lid] = None
         if self._reader is None:
             self._reader = self.loop.create_task(self._read())
         queue = self._queues[lid]
@@ -288,12 +302,6 @@ class _Router:
             self._chores.add(chore)
             chore.add_done_callback(self._chores.discard)
 
-    async def _beat(self) -> None:
-        epoch = await self._owner._drive(self._pool._single(self._pool.heartbeat(self._key)))
-        if self._epoch is not None and epoch != self._epoch:
-            self._recheck_all()
-        self._epoch = epoch
-
     async def _read(self) -> None:
         client, interval = self._owner._client, self._owner._heartbeat
         me = asyncio.current_task()
@@ -304,11 +312,12 @@ class _Router:
                 try:
                     now = self.loop.time()
                     if now - last_beat >= interval:
-                        await self._beat()
-                        if now - last_beat > _core.ALIVE:
-                            # Stalled long enough to look dead: tickets may be gone.
+                        beat = self._pool.heartbeat(self._key, self._next_probe())
+                        epoch, probe_ok = await self._owner._drive(self._pool._single(beat))
+                        silent = now - last_beat
+                        if self._pool.recheck_after_beat(epoch, self._epoch, probe_ok, silent):
                             self._recheck_all()
-                        last_beat = now
+                        self._epoch, last_beat = epoch, now
                     timeout = max(0.01, interval - (self.loop.time() - last_beat))
                     popped = await client.blpop([self._key], timeout=timeout)
                     if popped is not None:

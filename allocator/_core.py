@@ -23,6 +23,7 @@ import math
 import os
 import secrets
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterable
 from typing import (
     Any,
@@ -43,6 +44,7 @@ __all__ = [
     "ALIVE",
     "HEARTBEAT",
     "Call",
+    "Command",
     "Flow",
     "Pool",
     "Sleep",
@@ -52,13 +54,14 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Longest a waiter blocks on its signal list before it looks again and
-#: refreshes its liveness mark. Kept well under redis-py's default socket
-#: timeout (5 s), so that a blocking read never trips it.
+#: Longest a client's reader blocks on its signal list before it refreshes
+#: the client's liveness mark (a poll that also serves the queue). Kept well
+#: under redis-py's default socket timeout (5 s), so that a blocking read
+#: never trips it.
 HEARTBEAT = 1.0
-#: A client whose waiters have not looked again for this long counts as gone:
-#: its tickets are dropped from the queue. Several heartbeats, so that one
-#: slow round trip does not cost a live waiter its place.
+#: A client whose reader has not refreshed its mark for this long counts as
+#: gone: its tickets are dropped from the queue. Several heartbeats, so that
+#: one slow round trip does not cost a live waiter its place.
 ALIVE = 4.0
 #: Resources per script run in extend/remove, so one huge call does not
 #: block the server for long; each run leaves the pool consistent.
@@ -107,12 +110,9 @@ class Call(Generic[T]):
 
 
 class Wait(NamedTuple):
-    """Block on signal list ``key`` for up to ``timeout`` seconds (None: no limit).
+    """Wait up to ``timeout`` seconds (None: no limit) for the next message
+    the client's reader routes to waiter ``lid``; send it (or None)."""
 
-    ``lid`` names the waiter, for a shell that routes one list to many waiters.
-    """
-
-    key: str
     lid: str
     timeout: float | None
 
@@ -121,7 +121,13 @@ class Sleep(NamedTuple):
     seconds: float
 
 
-Step = Call[Any] | Wait | Sleep
+class Command(NamedTuple):
+    """Run a plain Redis command (not a script); the flow reads the reply."""
+
+    args: tuple[str, ...]
+
+
+Step = Call[Any] | Wait | Sleep | Command
 Flow = Generator[Step, Any, T]
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.
@@ -230,6 +236,7 @@ class Pool:
     keys: tuple[str, ...]
     _pid: int = attrs.field(default=0, repr=False)
     _cid: str = attrs.field(default="", repr=False)
+    _policy_checked: bool = attrs.field(default=False, repr=False)
 
     @classmethod
     def create(cls, name: object, *, lease_ttl: object, bind_ttl: object, prefix: object) -> Pool:
@@ -343,63 +350,63 @@ class Pool:
     def _single(self, call: Call[T]) -> Flow[T]:
         return (yield from self._retrying(call, attempts=ATTEMPTS))
 
+    def _check_policy(self) -> Flow[None]:
+        """Warn (once per allocator) if the server may evict the pool's keys.
+
+        The pool uses no keys with a TTL, so ``volatile-*`` policies never
+        touch it; an ``allkeys-*`` policy can evict a lease or the queue.
+        Run by the admin operations, so the hot path stays one round trip;
+        a server that refuses CONFIG (an ACL, a managed service) is skipped.
+        """
+        if self._policy_checked:
+            return
+        self._policy_checked = True
+        try:
+            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"))
+        except Exception:
+            return
+        # CONFIG GET answers a flat list on RESP2 and a map on RESP3.
+        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])[1::2]
+        policy = _decode(values[0]) if values else ""
+        if policy.startswith("allkeys"):
+            warnings.warn(
+                f"Redis maxmemory-policy is {policy!r}: under memory pressure the server may "
+                f"evict keys of pool {self.name!r} (leases, the queue). Use 'noeviction' or a "
+                "volatile-* policy; the pool's keys have no TTL.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
     # -- acquire --------------------------------------------------------------
 
-    def acquire(
-        self,
-        timeout: object,
-        ttl: object,
-        bind: object,
-        blocking: object,
-        *,
-        shared: bool,
-        heartbeat: float | None,
-    ) -> Acquire:
-        """Check the arguments and build a blocking acquire.
-
-        ``shared``: the waiter listens on its client's list (asyncio router),
-        not on a list of its own. ``heartbeat``: longest single wait before
-        the waiter polls by itself (None: a router keeps the client alive).
-        """
+    def acquire(self, timeout: object, ttl: object, bind: object, blocking: object) -> Acquire:
+        """Check the arguments and build an acquire: its steps, and the lease
+        id under which the client's reader routes messages to it."""
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
         wait = _timeout(timeout)
         ttl_ms = self._ttl_ms(ttl)
         bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
         lid = secrets.token_urlsafe(16)
-        mode = "c" if shared else "l"
-        cid = self.client_id
-        key = self.signal_key(cid if shared else lid)
-        steps = self._acquire(lid, cid, mode, key, wait, ttl_ms, bind_name, blocking, heartbeat)
-        return Acquire(lid=lid, key=key, steps=steps)
+        return Acquire(lid=lid, steps=self._acquire(lid, wait, ttl_ms, bind_name, blocking))
 
     def _acquire(
-        self,
-        lid: str,
-        cid: str,
-        mode: str,
-        key: str,
-        timeout: float | None,
-        ttl_ms: int,
-        bind: str | None,
-        blocking: bool,
-        heartbeat: float | None,
+        self, lid: str, timeout: float | None, ttl_ms: int, bind: str | None, blocking: bool
     ) -> Flow[Lease | None]:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        keys = (*self.keys, key)
+        cid = self.client_id
         alive_ms = _ms(ALIVE)
         enqueue: Call[State] = Call(
             "acquire",
-            keys,
-            (lid, cid, mode, ttl_ms, alive_ms, "1" if blocking else "0",
-             bind or "", _ms(self.bind_ttl)),
+            self.keys,
+            (lid, cid, ttl_ms, alive_ms, "1" if blocking else "0", bind or "", _ms(self.bind_ttl)),
             lambda reply: self._state("acquire", lid, reply),
-        )  # fmt: skip
-        poll: Call[State] = Call(
-            "poll", keys, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
         )
-
+        own = (*self.keys, self.signal_key(cid))
+        poll: Call[State] = Call(
+            "poll", own, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
+        )
         try:
             # A lost reply is retried with the same lease id: the script finds
             # the first attempt's ticket, so the requester keeps its place.
@@ -417,23 +424,17 @@ class Pool:
                 assert isinstance(state, tuple)
                 ticket, hint = state
                 wake_at = None if hint is None else time.monotonic() + hint
-                # Wait for a push; look again (poll) when the hint comes due,
-                # at each heartbeat, or when the router asks for it.
+                # Wait for a push; look again (poll) when the hint comes due or
+                # the reader asks for it. The reader keeps us alive meanwhile.
                 while True:
                     now = time.monotonic()
                     if deadline is not None and now >= deadline:
                         raise AcquireTimeout(self.name, now - started)
                     limits = [t - now for t in (deadline, wake_at) if t is not None]
-                    if heartbeat is not None:
-                        limits.append(heartbeat)
                     span = min(limits) if limits else None
                     if span is not None and span <= 0:
                         break
-                    try:
-                        message = yield Wait(key, lid, span)
-                    except TRANSIENT_ERRORS:
-                        yield Sleep(0.1)
-                        break
+                    message = yield Wait(lid, span)
                     if message is None:
                         if deadline is not None and time.monotonic() >= deadline:
                             continue
@@ -453,7 +454,7 @@ class Pool:
             # leave the queue, and pass on a grant that raced in. One try: if
             # it fails, the ticket's liveness runs out and dispatch drops it.
             with contextlib.suppress(Exception):
-                yield Call("cancel", keys, (lid, mode), lambda reply: _tagged("cancel", reply))
+                yield Call("cancel", own, (lid,), lambda reply: _tagged("cancel", reply))
             raise
 
     # -- single-call operations ---------------------------------------------
@@ -526,6 +527,7 @@ class Pool:
                 raise _unexpected(op, reply)
             return int(rest[0])
 
+        yield from self._check_policy()
         total = 0
         for start in range(0, len(names), CHUNK):
             call = Call(op, self.keys, head + tuple(names[start : start + CHUNK]), parse)
@@ -557,7 +559,8 @@ class Pool:
         return self._single(Call("unbind", self.keys, (name,), parse))
 
     def status(self) -> Flow[PoolStatus]:
-        return self._single(Call("status", self.keys, (), self._parse_status))
+        yield from self._check_policy()
+        return (yield from self._single(Call("status", self.keys, (), self._parse_status)))
 
     def _parse_status(self, reply: Any) -> PoolStatus:
         tag, rest = _tagged("status", reply)
@@ -609,6 +612,7 @@ class Pool:
             counts = [int(x) for x in rest[:5]]
             return counts, _decode(rest[5]), _decode(rest[6]), int(rest[7]) == 1
 
+        yield from self._check_policy()
         totals = [0] * 5
         pel, queue = "0-0", ""
         # Each step is bounded; the cursors walk the pending list and the
@@ -628,17 +632,30 @@ class Pool:
             orphans=orphans,
         )
 
-    def heartbeat(self, key: str) -> Call[str]:
-        """A client-level poll for the asyncio router: keeps all of this
-        client's waiters alive, and returns the pool's epoch."""
+    def heartbeat(self, key: str, probe: str) -> Call[tuple[str, bool]]:
+        """The client-level poll of a reader: keeps all of this client's
+        waiters alive, and returns the pool's epoch and whether waiter
+        ``probe``'s ticket is still in the queue."""
 
-        def parse(reply: Any) -> str:
+        def parse(reply: Any) -> tuple[str, bool]:
             tag, rest = _tagged("poll", reply)
-            if tag != "alive" or len(rest) != 1:
+            if tag != "alive" or len(rest) != 2:
                 raise _unexpected("poll", reply)
-            return _decode(rest[0])
+            return _decode(rest[0]), int(rest[1]) == 1
 
-        return Call("poll", (*self.keys, key), ("", self.client_id, _ms(ALIVE)), parse)
+        return Call("poll", (*self.keys, key), ("", self.client_id, _ms(ALIVE), probe), parse)
+
+    @staticmethod
+    def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, silent: float) -> bool:
+        """After a reader's heartbeat: must every local waiter check its ticket?
+
+        Yes if the pool's epoch changed (its data was lost), if the probed
+        waiter's ticket vanished (the stream was deleted, a restart lost
+        it), or if the reader was silent longer than the liveness window
+        (the client may have been taken for dead and its tickets dropped).
+        """
+        changed = previous is not None and epoch != previous
+        return changed or not probe_ok or silent > ALIVE
 
     def release_message(self, message: Any) -> Call[Any] | None:
         """For a grant that reached a client whose waiter had already left:
@@ -651,15 +668,15 @@ class Pool:
 
     @staticmethod
     def message_target(message: Any) -> str:
-        """The lease id a signal-list message is for."""
-        return _decode(message).split("|", 2)[1]
+        """The lease id a signal-list message is for ('' if it names none)."""
+        parts = _decode(message).split("|", 2)
+        return parts[1] if len(parts) > 1 else ""
 
 
 @attrs.frozen
 class Acquire:
-    """A blocking acquire ready to be driven: its lease id, the signal list it
-    listens on, and its steps."""
+    """An acquire ready to be driven: the lease id its messages are routed
+    by, and its steps."""
 
     lid: str
-    key: str
     steps: Flow[Lease | None] = attrs.field(repr=False)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
+import os
+import queue
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -11,12 +15,14 @@ from typing import Any, Literal, TypeVar, overload
 from redis.exceptions import NoScriptError
 
 from . import _core
-from ._core import Call, Flow, Pool, Step, Wait
+from ._core import Call, Command, Flow, Pool, Step, Wait
 from ._scripts import scripts
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
 __all__ = ["FairAllocator"]
+
+_log = logging.getLogger("allocator")
 
 T = TypeVar("T")
 
@@ -58,6 +64,8 @@ class FairAllocator:
         self._client = client
         self._scripts = scripts()
         self._heartbeat = heartbeat_for(client)
+        self._router: _Router | None = None
+        self._router_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._pool.name!r}, prefix={self._pool.prefix!r})"
@@ -95,12 +103,17 @@ class FairAllocator:
                 self._client.script_load(self._scripts.text[step.script])
                 return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
         if isinstance(step, Wait):
-            # Redis reads a timeout under 1 ms as 0, which blocks for ever.
-            timeout = self._heartbeat if step.timeout is None else max(step.timeout, 0.01)
-            popped = self._client.blpop([step.key], timeout=timeout)
-            return None if popped is None else popped[1]
+            return self._get_router().wait(step.lid, step.timeout)
+        if isinstance(step, Command):
+            return self._client.execute_command(*step.args)
         time.sleep(step.seconds)
         return None
+
+    def _get_router(self) -> _Router:
+        with self._router_lock:
+            if self._router is None or self._router.pid != os.getpid():
+                self._router = _Router(self)
+            return self._router
 
     # -- leasing --------------------------------------------------------------
 
@@ -146,10 +159,13 @@ class FairAllocator:
         Uncontended, this is one round trip to Redis; a waiter is woken by a
         push to its signal list, never by polling the pool.
         """
-        flow = self._pool.acquire(
-            timeout, ttl, bind, blocking, shared=False, heartbeat=self._heartbeat
-        )
-        return self._drive(flow.steps)
+        flow = self._pool.acquire(timeout, ttl, bind, blocking)
+        router = self._get_router()
+        router.register(flow.lid)
+        try:
+            return self._drive(flow.steps)
+        finally:
+            router.unregister(flow.lid)
 
     @contextlib.contextmanager
     def lease(
@@ -251,6 +267,113 @@ class FairAllocator:
         that are gone, expire stale bindings, and serve waiters that can now
         be served. Safe to run from any number of processes at once."""
         return self._drive(self._pool.gc())
+
+
+class _Router:
+    """One blocking reader per allocator and process: a daemon thread.
+
+    It pops the client's signal list and hands each message to the waiter it
+    names, so waiting threads hold no connection (a bounded pool is not
+    exhausted by many waiters) and wait on the client's clock. A grant for a
+    waiter that already left is released, so that it passes on at once
+    instead of after the pick-up window. Once a heartbeat interval it runs
+    the client-level poll that keeps all local waiters alive; if the pool's
+    epoch changed or the reader was silent past the liveness window, every
+    waiter checks its ticket. The thread ends when no waiter is left.
+    """
+
+    def __init__(self, owner: FairAllocator) -> None:
+        self.pid = os.getpid()
+        self._owner = owner
+        self._pool = owner._pool
+        self._key = self._pool.signal_key(self._pool.client_id)
+        self._lock = threading.Lock()
+        self._queues: dict[str, queue.SimpleQueue[Any]] = {}
+        self._reader: threading.Thread | None = None
+        self._epoch: str | None = None
+        # Waiters that have waited, probed in turn (O(1) add, remove, rotate).
+        self._probes: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def register(self, lid: str) -> None:
+        with self._lock:
+            self._queues[lid] = queue.SimpleQueue()
+
+    def unregister(self, lid: str) -> None:
+        with self._lock:
+            self._queues.pop(lid, None)
+            self._probes.pop(lid, None)
+
+    def _next_probe(self) -> str:
+        with self._lock:
+            if not self._probes:
+                return ""
+            lid = next(iter(self._probes))
+            self._probes.move_to_end(lid)
+            return lid
+
+    def wait(self, lid: str, timeout: float | None) -> Any:
+        with self._lock:
+            inbox = self._queues[lid]
+            self._probes[lid] = None
+            if self._reader is None:
+                self._reader = threading.Thread(
+                    target=self._read, name=f"allocator-reader-{self._pool.name}", daemon=True
+                )
+                self._reader.start()
+        try:
+            return inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _recheck_all(self) -> None:
+        with self._lock:
+            for inbox in self._queues.values():
+                inbox.put(_core.RECHECK)
+
+    def _route(self, message: Any) -> None:
+        with self._lock:
+            inbox = self._queues.get(self._pool.message_target(message))
+        if inbox is not None:
+            inbox.put(message)
+            return
+        release = self._pool.release_message(message)
+        if release is not None:
+            self._owner._drive(self._pool._single(release))
+
+    def _read(self) -> None:
+        client, interval = self._owner._client, self._owner._heartbeat
+        last_beat = time.monotonic()
+        delay = 0.05
+        while True:
+            with self._lock:
+                # Decided under the lock that wait() takes: a waiter that
+                # registers after this line starts a new reader.
+                if not self._queues:
+                    self._reader = None
+                    return
+            try:
+                now = time.monotonic()
+                if now - last_beat >= interval:
+                    beat = self._pool.heartbeat(self._key, self._next_probe())
+                    epoch, probe_ok = self._owner._drive(self._pool._single(beat))
+                    if self._pool.recheck_after_beat(epoch, self._epoch, probe_ok, now - last_beat):
+                        self._recheck_all()
+                    self._epoch, last_beat = epoch, now
+                timeout = max(0.01, interval - (time.monotonic() - last_beat))
+                popped = client.blpop([self._key], timeout=timeout)
+                if popped is not None:
+                    self._route(popped[1])
+                delay = 0.05
+            except _core.TRANSIENT_ERRORS:
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except Exception:
+                # Never die silently with waiters parked on it: have each
+                # look by itself (its own call shows the error), back off.
+                _log.warning("allocator: waiting-list reader failed", exc_info=True)
+                self._recheck_all()
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
 
 class _Keeper:

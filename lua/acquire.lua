@@ -1,14 +1,14 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[14] the caller's signal key.
--- ARGV: lid, cid, mode ('l' | 'c'), ttl_ms, alive_ms, blocking ('1' | '0'),
---       bind ('' for none), bind_ttl_ms
+-- KEYS: the pool's keys (lua/README.md).
+-- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
+--       bind_ttl_ms
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
-local lid, cid, mode, ttl, alive_ms, blocking, bind, bind_ttl =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+local lid, cid, ttl, alive_ms, blocking, bind, bind_ttl =
+  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
 
 -- A retried call whose first reply was lost finds its own ticket here,
 -- instead of queueing a second time.
@@ -17,6 +17,12 @@ if L then
   return P.lease_reply(L)
 end
 local ticket = raw and string.sub(raw, 3)
+-- A waiting record whose ticket left the stream (the stream was deleted):
+-- queue again.
+if ticket and not redis.call('XRANGE', P.Q, ticket, ticket)[1] then
+  redis.call('HDEL', P.RECS, lid)
+  ticket = nil
+end
 
 P:maintain()
 
@@ -34,16 +40,15 @@ if not ticket then
     end
   end
   if bind == '' then
-    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 'm', mode, 't', ttl)
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl)
   else
-    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 'm', mode, 't', ttl,
-      'b', bind, 'B', bind_ttl)
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'b', bind, 'B', bind_ttl)
   end
   if not ahead then
     -- Nobody waits: the caller is the head. The uncontended case ends here.
     local best = redis.call('ZRANGE', P.FREE, 0, 0)[1]
     if best then
-      local t = {id = ticket, l = lid, c = cid, m = mode, t = ttl, B = bind_ttl}
+      local t = {id = ticket, l = lid, c = cid, t = ttl, B = bind_ttl}
       if bind ~= '' then
         t.b = bind
       end

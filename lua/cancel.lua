@@ -2,11 +2,11 @@
 -- It leaves the queue; a grant that raced in is ended and passed on to the
 -- next waiter in this same run, so that nothing leaks.
 --
--- KEYS: the pool's keys, then KEYS[14] the caller's signal key.
--- ARGV: lid, mode ('l': the signal key is the caller's alone and is deleted)
+-- KEYS: the pool's keys, then KEYS[14] the caller's signal key (its client's).
+-- ARGV: lid
 -- Reply: {'cancelled'} left the queue | {'released'} a raced grant was passed on
 --      | {'gone'} nothing to do (already cancelled, or never queued)
-local lid, mode = ARGV[1], ARGV[2]
+local lid = ARGV[1]
 
 P:maintain()
 local out = 'gone'
@@ -22,9 +22,6 @@ elseif raw then
   redis.call('HDEL', P.RECS, lid)
   P:unhint(lid)
   out = 'cancelled'
-end
-if mode == 'l' then
-  redis.call('DEL', KEYS[14])
 end
 P:dispatch(nil)
 return {out}

@@ -1,15 +1,16 @@
 -- poll: a waiter's heartbeat. Refreshes the client's liveness mark, handles
 -- what came due (expired leases, ended quarantines), serves the queue, and
--- tells the caller where its ticket stands. Called when a waiter's blocking
--- read times out, when its hint comes due, and (with lid '') by the asyncio
--- router once per interval for all waiters of its client.
+-- tells the caller where its ticket stands. Called by a waiter when its hint
+-- comes due or its reader asks it to look, and (with lid '') by the reader
+-- once per interval for all waiters of its client.
 --
--- KEYS: the pool's keys, then KEYS[14] the caller's signal key.
--- ARGV: lid ('' for a client-level heartbeat), cid, alive_ms
+-- KEYS: the pool's keys, then KEYS[14] the caller's signal key (its client's).
+-- ARGV: lid ('' for a client-level heartbeat), cid, alive_ms,
+--       probe (heartbeat only: a waiter of the client whose ticket to check)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms} | {'gone'}   the ticket is not in the queue
---      | {'alive', epoch}                        client-level heartbeat
-local lid, cid, alive_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+--      | {'alive', epoch, probe_ok}              client-level heartbeat
+local lid, cid, alive_ms, probe = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
 P:maintain()
@@ -17,9 +18,23 @@ P:maintain()
 if lid == '' then
   P:dispatch(nil)
   -- The epoch changes only when the pool's state was lost (a restart without
-  -- persistence, a flush): the router then has every waiter check its ticket.
+  -- persistence, a flush). The probe is one of the client's waiters, taken in
+  -- turn: if its ticket vanished (the stream was deleted, a restart lost it),
+  -- the reader has every waiter check its own.
   redis.call('HSETNX', P.META, 'epoch', P.now_s)
-  return {'alive', redis.call('HGET', P.META, 'epoch')}
+  local ok = 1
+  if probe and probe ~= '' then
+    local raw = redis.call('HGET', P.RECS, probe)
+    if not raw then
+      ok = 0
+    elseif string.byte(raw, 1) == 87 then -- 'W'
+      local ticket = string.sub(raw, 3)
+      if not redis.call('XRANGE', P.Q, ticket, ticket)[1] then
+        ok = 0
+      end
+    end
+  end
+  return {'alive', redis.call('HGET', P.META, 'epoch'), ok}
 end
 
 local mine = P:dispatch(lid)
@@ -38,6 +53,12 @@ if L then
   end
   return P.lease_reply(L)
 elseif raw then
-  return {'queued', string.sub(raw, 3), P.self_hint or -1}
+  local ticket = string.sub(raw, 3)
+  if redis.call('XRANGE', P.Q, ticket, ticket)[1] then
+    return {'queued', ticket, P.self_hint or -1}
+  end
+  -- The ticket left the stream without a grant (the stream was deleted, or
+  -- a gc took it for a dead client's): the waiter queues again.
+  redis.call('HDEL', P.RECS, lid)
 end
 return {'gone'}

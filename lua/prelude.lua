@@ -151,7 +151,7 @@ end
 -- Leases
 ---------------------------------------------------------------------------
 
--- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|mode|pickup|resource
+-- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pickup|resource
 -- Returns the lease (or nil) and the raw record (a waiting one is W|ticket).
 -- All fields stay strings but the deadline.
 function P:lease_load(lid)
@@ -159,32 +159,25 @@ function P:lease_load(lid)
   if not raw or string.byte(raw, 1) ~= 76 then -- 'L'
     return nil, raw
   end
-  local ticket, token, granted, deadline, ttl, cid, mode, pickup, res = string.match(raw,
-    '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  local ticket, token, granted, deadline, ttl, cid, pickup, res = string.match(raw,
+    '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
   return {
     ticket = ticket, token = token, granted = granted, deadline = tonumber(deadline),
-    ttl = ttl, cid = cid, mode = mode, pickup = pickup, res = res,
+    ttl = ttl, cid = cid, pickup = pickup, res = res,
   }, raw
 end
 
 -- `deadline_s`: the deadline as a string, when the caller has it already.
 function P:lease_save(lid, L, deadline_s)
   redis.call('HSET', self.RECS, lid, 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted ..
-    '|' .. (deadline_s or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.mode .. '|' ..
-    L.pickup .. '|' .. L.res)
-end
-
--- Where a waiter listens: one list per acquire ('l'), or one per client
--- object that routes to its local waiters ('c').
-function P:sig_key(lid, cid, mode)
-  if mode == 'c' then
-    return self.SIG .. cid
-  end
-  return self.SIG .. lid
+    '|' .. (deadline_s or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup ..
+    '|' .. L.res)
 end
 
 -- The grant message is built from fields that never change, so that a later
--- script can find it in the list again (LPOS) or take it out (LREM).
+-- script can find it in the list again (LPOS) or take it out (LREM). It goes
+-- to the signal list of the waiter's client, SIG .. cid, whose reader routes
+-- it to the waiter by lease id.
 function P.grant_msg(lid, L)
   return 'g|' .. lid .. '|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted .. '|' .. L.ttl ..
     '|' .. L.res
@@ -235,7 +228,7 @@ function P:reclaim(limit)
     if not L then
       redis.call('ZREM', self.EXP, lid)
     else
-      local key, msg = self:sig_key(lid, L.cid, L.mode), nil
+      local key, msg = self.SIG .. L.cid, nil
       if L.pickup == '1' then
         msg = self.grant_msg(lid, L)
       end
@@ -313,7 +306,7 @@ function P:waiting()
   return redis.call('XLEN', self.Q) - redis.call('ZCARD', self.EXP)
 end
 
--- A stream entry as a table: id, and the fields l, c, m, t (and b, B).
+-- A stream entry as a table: id, and the fields l, c, t (and b, B).
 function P.ticket_of(e)
   local t = {id = e[1]}
   local f = e[2]
@@ -399,7 +392,7 @@ function P:hint(t, self_lid)
   end
   -- The caller's reply carries its hint: record it (so no script pushes it
   -- again) without pushing anything.
-  local key, msg = self:sig_key(t.l, t.c, t.m), ''
+  local key, msg = self.SIG .. t.c, ''
   if not mine then
     msg = 'h|' .. t.l .. '|' .. delay
     redis.call('RPUSH', key, msg)
@@ -471,13 +464,13 @@ function P:grant(t, best, self_lid)
   local deadline = self.now + tonumber(t.t)
   local L = {
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
-    cid = t.c, mode = t.m, pickup = '0', res = name,
+    cid = t.c, pickup = '0', res = name,
   }
   local check = deadline
   if t.l ~= self_lid then
     L.pickup = '1'
     check = math.min(self.now + self.PICKUP_MS, deadline)
-    redis.call('RPUSH', self:sig_key(t.l, t.c, t.m), self.grant_msg(t.l, L))
+    redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))
   end
   self:lease_save(t.l, L)
   self:schedule(self.EXP, check, t.l)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from allocator import FairAllocator
-from allocator._core import Call, Sleep, Wait
+from allocator._core import RECHECK, Call, Sleep, Wait
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -54,18 +54,18 @@ class Background:
 
 class Stepper:
     """Drives an acquire flow of a sync FairAllocator one step at a time, so a
-    test can put other events between any two steps."""
+    test can put other events between any two steps. It is registered with
+    the allocator's reader like a real acquire."""
 
     def __init__(self, pool: FairAllocator, **kwargs: Any) -> None:
-        kwargs.setdefault("timeout", None)
-        kwargs.setdefault("ttl", None)
-        kwargs.setdefault("bind", None)
-        kwargs.setdefault("blocking", True)
         self.pool = pool
         self.flow = pool._pool.acquire(
-            kwargs["timeout"], kwargs["ttl"], kwargs["bind"], kwargs["blocking"],
-            shared=False, heartbeat=1.0,
-        )  # fmt: skip
+            kwargs.get("timeout"),
+            kwargs.get("ttl"),
+            kwargs.get("bind"),
+            kwargs.get("blocking", True),
+        )
+        pool._get_router().register(self.flow.lid)
         self.steps: list[Any] = []
         self.step: Any = self.flow.steps.send(None)
         self.done = False
@@ -82,12 +82,14 @@ class Stepper:
         """Carry out the current step for real and move to the next."""
         step = self.step
         self.steps.append(step)
-        if isinstance(step, Call):
-            return self._advance(self.pool._step(step))
-        if isinstance(step, Wait):
+        if isinstance(step, (Call, Wait)):
             return self._advance(self.pool._step(step))
         assert isinstance(step, Sleep)
         return self._advance(None)
+
+    def nudge(self) -> None:
+        """Have the reader ask this waiter to look again (as after a data loss)."""
+        self.pool._get_router()._queues[self.flow.lid].put(RECHECK)
 
     def throw(self, exc: BaseException) -> Any:
         """Deliver an exception at the current step (as a timeout or a

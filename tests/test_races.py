@@ -15,7 +15,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
-from helpers import Background, Stepper
+from helpers import Background, Stepper, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
 from allocator._core import Call, Wait
@@ -53,21 +53,25 @@ def queued(stepper: Stepper) -> None:
     assert isinstance(stepper.step, Wait), stepper.step
 
 
-def test_holder_keeps_resource_beyond_internal_timers(pool: FairAllocator) -> None:
-    """1. Waiters blocking, timing out their reads and polling, never get in."""
+def test_holder_keeps_resource_beyond_internal_timers(pool: FairAllocator, client: Any) -> None:
+    """1. A waiter whose reader blocks, times out its reads and polls for
+    several heartbeats (and past the pick-up window) never gets in."""
     pool.extend(["r"])
     held = pool.acquire(timeout=5)
-    waiter = Stepper(pool)
-    queued(waiter)
-    for _ in range(3):  # three full heartbeats: wait, time out, poll
-        waiter.run_step()
-        assert isinstance(waiter.step, Call) and waiter.step.script == "poll"
-        waiter.run_step()
-        assert isinstance(waiter.step, Wait)
-    assert pool.status().leased == 1
+    waiter = Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="waiter queued")
+    start = server_now(client)
+    wait_until(lambda: server_now(client) > start + 3.5, what="3.5 s of server time")
+    assert not waiter.done
+    status = pool.status()
+    assert (status.leased, status.waiting) == (1, 1)
     pool.release(held)
-    waiter.run_step()
-    assert waiter.done and waiter.value.resource == "r"
+    assert waiter.join().token > held.token
+
+
+def server_now(client: Any) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + micros / 1e6
 
 
 def test_timeout_racing_a_grant_passes_it_on(pool: FairAllocator) -> None:
@@ -103,6 +107,7 @@ def test_interrupt_at_every_step_leaves_nothing_behind(pool: FairAllocator, at: 
     elif at in ("waiting", "polling"):
         queued(waiter)
         if at == "polling":
+            waiter.nudge()
             waiter.run_step()
             assert isinstance(waiter.step, Call) and waiter.step.script == "poll"
     cancel = waiter.throw(KeyboardInterrupt())
@@ -128,20 +133,22 @@ def test_release_between_enqueue_and_block(pool: FairAllocator) -> None:
 
 
 def test_stale_signals_are_rechecked_not_trusted(pool: FairAllocator, client: Any) -> None:
-    """5. Messages from an earlier round never count as a grant."""
+    """5. Messages from an earlier round never count as a grant; junk on the
+    list is ignored, and a grant naming another waiter releases nothing."""
     pool.extend(["r"])
     held = pool.acquire(timeout=5)
     waiter = Stepper(pool)
     queued(waiter)
-    key = waiter.step.key
+    key = pool._pool.signal_key(pool._pool.client_id)
     lid = waiter.flow.lid
-    client.rpush(key, f"g|{lid}|1-1|5|1|1000|r")  # a grant for another ticket
-    client.rpush(key, f"g|someone-else|{held.ticket}|5|1|1000|r")
     client.rpush(key, "garbage")
-    for _ in range(3):
-        waiter.run_step()
-        assert not waiter.done and isinstance(waiter.step, Wait)
-    assert pool.status().leased == 1
+    client.rpush(key, f"g|someone-else|{held.ticket}|5|1|1000|r")
+    client.rpush(key, f"g|{lid}|1-1|5|1|1000|r")  # a grant of this waiter's, for another ticket
+    waiter.run_step()
+    assert not waiter.done and isinstance(waiter.step, Wait)
+    status = pool.status()
+    assert (status.leased, status.waiting) == (1, 1)
+    assert pool.renew(held).token == held.token  # the stray message released nothing
     pool.release(held)
     waiter.run_step()
     assert waiter.done and waiter.value.resource == "r"
@@ -305,7 +312,7 @@ def test_async_grant_to_departed_waiter_is_passed_on(
         apool = AsyncFairAllocator(client, pool_name)
         await apool.extend(["r"])
         held = await apool.acquire(timeout=5)
-        ghost = apool._pool.acquire(None, None, None, True, shared=True, heartbeat=None)
+        ghost = apool._pool.acquire(None, None, None, True)
         enqueue = ghost.steps.send(None)
         state = enqueue.parse(await apool._step(enqueue))
         assert isinstance(state, tuple)  # queued, at the head, never registered
