@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -22,6 +23,8 @@ def _client(url: str) -> Any:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    import redis
+
     from . import FairAllocator
 
     pool = FairAllocator(_client(args.url), args.pool, prefix=args.prefix)
@@ -31,8 +34,15 @@ def _gc(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     while True:
-        report = pool.gc()
-        print(json.dumps({"pool": args.pool, **attrs.asdict(report)}), flush=True)
+        try:
+            report = pool.gc()
+        except redis.RedisError as exc:
+            if args.every is None:
+                raise
+            # A periodic job outlives a server restart: report, try next time.
+            print(f"allocator gc: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        else:
+            print(json.dumps({"pool": args.pool, **attrs.asdict(report)}), flush=True)
         if args.every is None or stop.wait(args.every):
             return 0
 
@@ -63,7 +73,11 @@ def _parser() -> argparse.ArgumentParser:
                        ("status", "print a pool's status as JSON")):  # fmt: skip
         sub = commands.add_parser(name, help=text)
         sub.add_argument("pool", help="the pool's name")
-        sub.add_argument("--url", default="redis://127.0.0.1:6379/0", help="Redis URL")
+        sub.add_argument(
+            "--url",
+            default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)",
+        )
         sub.add_argument("--prefix", default="alloc", help="key prefix (default: alloc)")
     gc = commands.choices["gc"]
     gc.add_argument("--every", type=float, metavar="SECONDS", help="run periodically until SIGTERM")
