@@ -1,0 +1,287 @@
+"""Worker processes for the recovery and chaos tests, and the parent's handle on them.
+
+The workers run in processes started with the ``spawn`` method, so that each
+one is a separate client of the pool with its own client id and its own
+liveness mark, and so that SIGKILL and SIGSTOP hit a real process. Each worker
+talks to the test through its own pair of queues (commands in, reports out):
+a killed worker can only spoil its own queues, never another's. Workers that
+die at random (chaos) share nothing with a lock in it: their stop flag is a
+lock-free shared integer, their ledger a file of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import queue
+import random
+import signal
+import time
+from typing import Any
+
+import redis
+
+from allocator import AcquireTimeout, FairAllocator, LeaseLost
+
+CTX = multiprocessing.get_context("spawn")
+
+
+def server_now(client: Any) -> float:
+    """The Redis server's clock, in seconds (the clock every deadline is on)."""
+    seconds, micros = client.time()
+    return int(seconds) + int(micros) / 1e6
+
+
+def _pool(url: str, name: str, lease_ttl: float) -> tuple[Any, FairAllocator]:
+    client = redis.Redis.from_url(url)
+    return client, FairAllocator(client, name, lease_ttl=lease_ttl)
+
+
+# -- workers (run in the child) -------------------------------------------------
+
+
+def leaser(
+    url: str,
+    name: str,
+    inbox: Any,
+    outbox: Any,
+    timeout: float | None = 60.0,
+    ttl: float | None = None,
+    lease_ttl: float = 60.0,
+    wait_go: bool = False,
+) -> None:
+    """Acquire one lease, report it, then carry out commands on it.
+
+    Reports: ``("ready", pid)`` once started; with ``wait_go``, the worker
+    then waits for the command ``"go"`` (so that a test can start processes
+    ahead of time and queue them in an order of its choosing), and acquires.
+    Then it reports ``("granted",
+    lease)`` or ``("timeout", waited)``. Commands: ``"renew"`` ->
+    ``("renewed", lease)`` | ``("lost", token)``; ``"release"`` ->
+    ``("released", bool)`` (and the worker ends); ``("renew_every", s)``:
+    renew every ``s`` seconds until the lease is lost, then report
+    ``("lost", token)``, release, and report ``("released", bool)``;
+    ``"exit"``: end without releasing.
+    """
+    _client, pool = _pool(url, name, lease_ttl)
+    outbox.put(("ready", os.getpid()))
+    if wait_go:
+        assert inbox.get() == "go"
+    try:
+        lease = pool.acquire(timeout, ttl=ttl)
+    except AcquireTimeout as exc:
+        outbox.put(("timeout", exc.waited))
+        return
+    outbox.put(("granted", lease))
+    while True:
+        command = inbox.get()
+        if command == "renew":
+            try:
+                lease = pool.renew(lease)
+            except LeaseLost as lost:
+                outbox.put(("lost", lost.token))
+            else:
+                outbox.put(("renewed", lease))
+        elif command == "release":
+            outbox.put(("released", pool.release(lease)))
+            return
+        elif command == "exit":
+            return
+        elif isinstance(command, tuple) and command[0] == "renew_every":
+            while True:
+                time.sleep(command[1])
+                try:
+                    lease = pool.renew(lease)
+                except LeaseLost as lost:
+                    outbox.put(("lost", lost.token))
+                    break
+            outbox.put(("released", pool.release(lease)))
+            return
+        else:
+            raise ValueError(f"unknown command {command!r}")
+
+
+def lease_block(url: str, name: str, inbox: Any, outbox: Any, ttl: float = 60.0) -> None:
+    """Hold a lease inside ``with pool.lease()`` until told to leave the block;
+    report how the block's exit went: ``("exit", "ok" | "LeaseLost")``."""
+    _client, pool = _pool(url, name, 60.0)
+    outbox.put(("ready", os.getpid()))
+    try:
+        with pool.lease(timeout=60, ttl=ttl) as lease:
+            outbox.put(("granted", lease))
+            inbox.get()
+    except LeaseLost:
+        outbox.put(("exit", "LeaseLost"))
+    else:
+        outbox.put(("exit", "ok"))
+
+
+def gc_loop(url: str, name: str, inbox: Any, outbox: Any, every: float = 0.1) -> None:
+    """Run ``pool.gc()`` every ``every`` seconds until told to stop. Reports
+    ``("reclaimed", (count, server time))`` for each run that reclaimed
+    something, and at the end ``("stopped", (runs, reclaimed))``."""
+    client, pool = _pool(url, name, 60.0)
+    runs = reclaimed = 0
+    outbox.put(("ready", os.getpid()))
+    while True:
+        report = pool.gc()
+        runs += 1
+        reclaimed += report.reclaimed
+        if report.reclaimed:
+            outbox.put(("reclaimed", (report.reclaimed, server_now(client))))
+        try:
+            inbox.get(timeout=every)
+        except queue.Empty:
+            continue
+        break
+    outbox.put(("stopped", (runs, reclaimed)))
+
+
+def _write(ledger: Any, record: dict[str, Any]) -> None:
+    ledger.write(json.dumps(record) + "\n")
+    ledger.flush()
+    os.fsync(ledger.fileno())
+
+
+def chaos_worker(
+    url: str, name: str, ledger_path: str, seed: int, stop: Any, ttl: float, hold: float
+) -> None:
+    """Lease, hold, release, again and again, until ``stop.value`` is set.
+
+    Every lease goes into the ledger (an fsync'ed file of this worker's own)
+    as it happens, with times read on the server inside the lease: ``begin``
+    (start: after acquire returned, and the lease's deadline), ``renew`` (the
+    new deadline), ``end`` (end: before release), ``release`` (its result).
+    A worker killed at any point leaves a ledger that tells what it held.
+    """
+    client, pool = _pool(url, name, ttl)
+    rng = random.Random(seed)
+    with open(ledger_path, "a", encoding="utf-8") as ledger:
+        while not stop.value:
+            try:
+                lease = pool.acquire(timeout=2.0, ttl=ttl)
+            except AcquireTimeout:
+                continue
+            start = server_now(client)
+            _write(ledger, {
+                "kind": "begin", "pid": os.getpid(), "resource": lease.resource,
+                "token": lease.token, "granted_at": lease.granted_at,
+                "expires_at": lease.expires_at, "start": start,
+            })  # fmt: skip
+            time.sleep(rng.uniform(0, hold))
+            if rng.random() < 0.3:
+                try:
+                    lease = pool.renew(lease)
+                except LeaseLost:
+                    # Only if this process stalled past its ttl: the ledger
+                    # bounds the lease by its last deadline, and release
+                    # below reports False.
+                    pass
+                else:
+                    _write(ledger, {
+                        "kind": "renew", "token": lease.token, "resource": lease.resource,
+                        "expires_at": lease.expires_at,
+                    })  # fmt: skip
+                time.sleep(rng.uniform(0, hold))
+            end = server_now(client)
+            _write(ledger, {
+                "kind": "end", "token": lease.token, "resource": lease.resource, "end": end,
+            })  # fmt: skip
+            released = pool.release(lease)
+            _write(ledger, {
+                "kind": "release", "token": lease.token, "resource": lease.resource,
+                "released": released,
+            })  # fmt: skip
+
+
+# -- the parent's side ----------------------------------------------------------------
+
+
+class Proc:
+    """A worker process with its own command and report queues."""
+
+    def __init__(self, target: Any, *args: Any, **kwargs: Any) -> None:
+        self.inbox = CTX.Queue()
+        self.outbox = CTX.Queue()
+        self.process = CTX.Process(
+            target=target, args=(*args, self.inbox, self.outbox), kwargs=kwargs, daemon=True
+        )
+        self.process.start()
+        self.pid: int = self.process.pid  # type: ignore[assignment]
+
+    def expect(self, kind: str, timeout: float = 30.0) -> Any:
+        """The next report, which must be of ``kind``; returns its payload."""
+        try:
+            got, payload = self.outbox.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(
+                f"worker {self.pid} sent no {kind!r} report within {timeout} s "
+                f"(alive: {self.process.is_alive()})"
+            ) from None
+        assert got == kind, f"worker {self.pid}: expected {kind!r}, got {(got, payload)!r}"
+        return payload
+
+    def until(self, kind: str, timeout: float = 30.0) -> Any:
+        """Skip reports until one of ``kind``; returns its payload."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                got, payload = self.outbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"worker {self.pid} sent no {kind!r} report") from None
+            if got == kind:
+                return payload
+
+    def poll(self) -> tuple[str, Any] | None:
+        """The next report if there is one now, else None."""
+        try:
+            message: tuple[str, Any] = self.outbox.get_nowait()
+        except queue.Empty:
+            return None
+        return message
+
+    def send(self, command: Any) -> None:
+        self.inbox.put(command)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap the process."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.process.join(10)
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    def join(self, timeout: float = 30.0) -> int:
+        self.process.join(timeout)
+        assert not self.process.is_alive(), f"worker {self.pid} did not end within {timeout} s"
+        code: int = self.process.exitcode  # type: ignore[assignment]
+        return code
+
+    def close(self) -> None:
+        """Make sure the process is gone (test teardown)."""
+        if self.process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+            self.kill()
+        for q in (self.inbox, self.outbox):
+            q.close()
+            q.cancel_join_thread()
+
+
+def first_report(procs: list[Proc], kind: str, timeout: float) -> tuple[Proc, Any]:
+    """Wait for the first of ``procs`` to report ``kind`` (any other report fails)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in procs:
+            message = proc.poll()
+            if message is not None:
+                assert message[0] == kind, f"worker {proc.pid}: expected {kind!r}, got {message!r}"
+                return proc, message[1]
+        time.sleep(0.005)
+    raise AssertionError(f"none of {[p.pid for p in procs]} reported {kind!r} within {timeout} s")

@@ -1,0 +1,704 @@
+"""Recovery from crashes, pauses and restarts (FAILURE-MODES 11-20), with real processes.
+
+Every scenario runs against a real Redis, with the pool's clients in separate
+OS processes (``tests/_workers.py``) that are SIGKILLed or SIGSTOPped for
+real. Events are ordered with the workers' report queues and with the pool's
+own queue length, never with sleeps; the only sleeps are the durations a
+scenario is about (a waiter that waits longer than the liveness window, a
+lease kept past several ttls, a server that comes up late).
+
+While a scenario waits for the pool to recover by itself, the test runs no
+script on the pool (``status()`` and ``gc()`` reclaim too, and would hide a
+pool that cannot recover without them): it only reads the server clock.
+
+The measured recovery times (holder death -> next grant, dead waiters -> next
+grant) are printed (``pytest -s``) and written to ``recovery_times.json`` in
+the pytest temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from _workers import Proc, first_report, gc_loop, lease_block, leaser, server_now
+from helpers import Background, wait_until
+
+import allocator
+from allocator import AsyncFairAllocator, FairAllocator, Lease, LeaseLost
+from allocator._core import ALIVE, KEY_SUFFIXES
+from allocator._server import RedisServer
+
+pytestmark = pytest.mark.real_redis
+
+#: Positions of the pool's keys (lua/README.md), to damage them by hand.
+KEY = {suffix: i for i, suffix in enumerate(KEY_SUFFIXES)}
+
+#: Slack on every recovery bound: generous, these are correctness bounds
+#: (the pool recovers at all, and in about the time it promises), not speed.
+SLACK = 10.0
+
+
+# -- fixtures ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def procs() -> Iterator[Callable[..., Proc]]:
+    """Start worker processes; every one still running is killed after the test."""
+    made: list[Proc] = []
+
+    def start(target: Any, *args: Any, **kwargs: Any) -> Proc:
+        proc = Proc(target, *args, **kwargs)
+        made.append(proc)
+        return proc
+
+    yield start
+    for proc in made:
+        proc.close()
+
+
+@pytest.fixture(scope="module")
+def recovery_times(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[float]]]:
+    times: dict[str, list[float]] = {}
+    yield times
+    path = Path(tmp_path_factory.getbasetemp()) / "recovery_times.json"
+    path.write_text(json.dumps(times, indent=2, sort_keys=True), encoding="utf-8")
+    print(f"\nrecovery times (s): {json.dumps(times, sort_keys=True)}\nwritten to {path}")
+
+
+def record(times: dict[str, list[float]], what: str, seconds: float) -> None:
+    times.setdefault(what, []).append(round(seconds, 3))
+    print(f"\n[recovery] {what}: {seconds:.3f} s")
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    made = redis.Redis.from_url(redis_url)
+    yield made
+    made.close()
+
+
+def pool_keys(client: Any, name: str) -> list[str]:
+    """Every key of the pool (they all carry its hash tag)."""
+    return sorted(k.decode() for k in client.scan_iter(match=f"*{{{name}}}*", count=1000))
+
+
+def queue_in_order(pool: FairAllocator, workers: list[Proc], already: int = 0) -> None:
+    """Let ``workers`` (started with ``wait_go``) acquire one after the other,
+    each only once the one before is in the queue: their tickets are in
+    this order."""
+    for worker in workers:
+        worker.expect("ready")
+    for count, worker in enumerate(workers, start=already + 1):
+        worker.send("go")
+        wait_until(lambda: pool.status().waiting == count, what=f"{count} waiting")  # noqa: B023
+
+
+# -- 11. dead holders ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gc_job", [False, True], ids=["waiters-only", "with-gc-loop"])
+def test_dead_holder_is_reclaimed_by_the_next_waiter(
+    redis_url: str,
+    pool_name: str,
+    client: Any,
+    procs: Callable[..., Proc],
+    recovery_times: dict[str, list[float]],
+    gc_job: bool,
+) -> None:
+    ttl = 2.0
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    holder = procs(leaser, redis_url, pool_name, ttl=ttl)
+    holder.expect("ready")
+    held: Lease = holder.expect("granted")
+    collector = None
+    if gc_job:
+        collector = procs(gc_loop, redis_url, pool_name, every=0.1)
+        collector.expect("ready")
+    waiter = procs(leaser, redis_url, pool_name, ttl=30.0)
+    waiter.expect("ready")
+    wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
+
+    holder.kill()
+    killed_at = server_now(client)
+    # From here on the test runs nothing on the pool: the waiter (and in the
+    # second variant the gc loop) must reclaim the dead holder's lease.
+    got: Lease = waiter.expect("granted", timeout=ttl + SLACK)
+    assert got.resource == "r"
+    assert got.token > held.token
+    # Never granted again before the dead holder's deadline (server clock).
+    assert got.granted_at >= held.expires_at
+    assert got.granted_at - killed_at <= ttl + SLACK
+    label = "with gc loop" if gc_job else "waiters only"
+    record(recovery_times, f"holder death -> next grant ({label}, ttl {ttl:g} s)",
+           got.granted_at - killed_at)  # fmt: skip
+    record(recovery_times, f"lease deadline -> next grant ({label})",
+           got.granted_at - held.expires_at)  # fmt: skip
+    waiter.send("release")
+    assert waiter.expect("released") is True
+    if collector is not None:
+        collector.send("stop")
+        runs, _reclaimed = collector.until("stopped")
+        assert runs >= 1
+    status = pool.status()
+    assert (status.size, status.free, status.leased, status.waiting) == (1, 1, 0, 0)
+
+
+def test_dead_holder_with_nobody_waiting_is_reclaimed_by_gc(
+    redis_url: str,
+    pool_name: str,
+    client: Any,
+    procs: Callable[..., Proc],
+    recovery_times: dict[str, list[float]],
+) -> None:
+    ttl = 2.0
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    holder = procs(leaser, redis_url, pool_name, ttl=ttl)
+    holder.expect("ready")
+    held: Lease = holder.expect("granted")
+    collector = procs(gc_loop, redis_url, pool_name, every=0.2)
+    collector.expect("ready")
+    holder.kill()
+    killed_at = server_now(client)
+    count, reclaimed_at = collector.expect("reclaimed", timeout=ttl + SLACK)
+    assert count == 1
+    assert reclaimed_at >= held.expires_at
+    assert reclaimed_at - killed_at <= ttl + SLACK
+    record(recovery_times, "holder death -> reclaimed by a gc loop (no waiter, every 0.2 s)",
+           reclaimed_at - killed_at)  # fmt: skip
+    collector.send("stop")
+    collector.until("stopped")
+    again = pool.acquire(blocking=False)
+    assert again is not None and again.token > held.token
+    assert pool.release(again) is True
+
+
+def test_several_holders_dying_in_a_row(
+    redis_url: str,
+    pool_name: str,
+    client: Any,
+    procs: Callable[..., Proc],
+    recovery_times: dict[str, list[float]],
+) -> None:
+    ttl = 1.5
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    first = pool.acquire(timeout=5, ttl=60)
+    doomed = [procs(leaser, redis_url, pool_name, ttl=ttl, wait_go=True) for _ in range(3)]
+    survivor = procs(leaser, redis_url, pool_name, ttl=60.0, wait_go=True)
+    queue_in_order(pool, [*doomed, survivor])
+
+    assert pool.release(first) is True
+    previous, killed_at = first, None
+    for victim in doomed:
+        # Each one is served in its turn, after the one before died and its
+        # lease ran out, and dies holding the resource.
+        got: Lease = victim.expect("granted", timeout=ttl + SLACK)
+        assert got.token > previous.token
+        if killed_at is not None:
+            assert got.granted_at >= previous.expires_at
+            record(recovery_times, f"holder death -> next grant (in a row, ttl {ttl:g} s)",
+                   got.granted_at - killed_at)  # fmt: skip
+        victim.kill()
+        previous, killed_at = got, server_now(client)
+    last: Lease = survivor.expect("granted", timeout=ttl + SLACK)
+    assert last.token > previous.token and last.granted_at >= previous.expires_at
+    assert killed_at is not None
+    record(recovery_times, f"holder death -> next grant (in a row, ttl {ttl:g} s)",
+           last.granted_at - killed_at)  # fmt: skip
+    survivor.send("release")
+    assert survivor.expect("released") is True
+    assert pool.status().free == 1
+
+
+# -- 12. dead waiters ahead of a live one ------------------------------------------------
+
+
+def test_dead_waiters_at_the_head_hold_up_a_live_one_for_seconds_not_ttls(
+    redis_url: str,
+    pool_name: str,
+    client: Any,
+    procs: Callable[..., Proc],
+    recovery_times: dict[str, list[float]],
+) -> None:
+    ttl = 30.0  # a lease ttl: what a waiter that died must never cost
+    pool = FairAllocator(client, pool_name, lease_ttl=ttl)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    dead = [procs(leaser, redis_url, pool_name, ttl=ttl, wait_go=True) for _ in range(3)]
+    live = procs(leaser, redis_url, pool_name, ttl=ttl, wait_go=True)
+    queue_in_order(pool, [*dead, live])
+    for waiter in dead:
+        waiter.kill()
+
+    released_at = server_now(client)
+    assert pool.release(held) is True
+    # Nothing else runs on the pool: the live waiter's own heartbeats must
+    # get the dead ones out of its way.
+    got: Lease = live.expect("granted", timeout=3 * ttl)
+    waited = got.granted_at - released_at
+    record(recovery_times, "3 dead waiters at the head -> live waiter granted", waited)
+    # A few seconds (liveness window + pick-up window), never a lease ttl.
+    assert waited <= ALIVE + 2.0 + SLACK < ttl
+    live.send("release")
+    assert live.expect("released") is True
+    pool.gc()
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (1, 0, 0)
+    # 17, 19: nothing of the dead waiters is left behind (no signal list, no
+    # ticket), and no key of the pool has a TTL a volatile-* policy could
+    # evict it by.
+    keys = pool_keys(client, pool_name)
+    assert pool._pool.keys[KEY["res"]] in keys
+    assert not [k for k in keys if ":s:" in k], keys
+    assert client.xlen(pool._pool.keys[KEY["q"]]) == 0
+    assert all(client.ttl(k) == -1 for k in keys), {k: client.ttl(k) for k in keys}
+
+
+# -- 13. a live waiter that waits longer than the liveness window ---------------------
+
+
+def test_a_long_wait_keeps_its_place(
+    redis_url: str, pool_name: str, client: Any, procs: Callable[..., Proc]
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5, ttl=60)
+    early = procs(leaser, redis_url, pool_name, wait_go=True)
+    late = procs(leaser, redis_url, pool_name, wait_go=True)
+    queue_in_order(pool, [early])
+    # The duration is the point here: well past the liveness window.
+    time.sleep(ALIVE + 3.0)
+    queue_in_order(pool, [late], already=1)
+    assert pool.gc().dropped_waiters == 0
+    assert pool.status().waiting == 2
+
+    assert pool.release(held) is True
+    # One resource: if the late waiter had passed the early one, the early
+    # one would never be granted while the late one holds it.
+    first: Lease = early.expect("granted", timeout=SLACK)
+    early.send("release")
+    assert early.expect("released") is True
+    second: Lease = late.expect("granted", timeout=SLACK)
+    assert held.token < first.token < second.token
+    late.send("release")
+    assert late.expect("released") is True
+
+
+# -- 20. a holder paused past its lease ---------------------------------------------------
+
+
+def test_a_paused_holder_learns_it_lost_the_lease(
+    redis_url: str,
+    pool_name: str,
+    client: Any,
+    procs: Callable[..., Proc],
+    recovery_times: dict[str, list[float]],
+) -> None:
+    ttl = 2.0
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    holder = procs(leaser, redis_url, pool_name, ttl=ttl)
+    holder.expect("ready")
+    held: Lease = holder.expect("granted")
+    holder.send(("renew_every", ttl / 6))  # a diligent holder, renewing all along
+    successor = procs(leaser, redis_url, pool_name, ttl=30.0)
+    successor.expect("ready")
+    wait_until(lambda: pool.status().waiting == 1, what="the successor queued")
+
+    holder.pause()  # a GC pause, a stopped VM: it cannot renew
+    paused_at = server_now(client)
+    try:
+        got: Lease = successor.expect("granted", timeout=ttl + SLACK)
+    finally:
+        holder.resume()
+    record(recovery_times, f"holder paused -> next grant (ttl {ttl:g} s)",
+           got.granted_at - paused_at)  # fmt: skip
+    # Its next renewal fails, and so does its release.
+    assert holder.expect("lost") == held.token
+    assert holder.expect("released") is False
+    assert got.token > held.token
+    successor.send("release")
+    assert successor.expect("released") is True
+
+
+# -- remove(force=True) under a holder in another process --------------------------------
+
+
+def test_forced_remove_makes_the_holders_block_exit_raise(
+    redis_url: str, pool_name: str, client: Any, procs: Callable[..., Proc]
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    holder = procs(lease_block, redis_url, pool_name)
+    holder.expect("ready")
+    held: Lease = holder.expect("granted")
+    assert pool.remove(["r"], force=True) == 1
+    holder.send("leave")
+    assert holder.expect("exit") == "LeaseLost"
+    assert pool.status().size == 0
+    pool.extend(["r"])
+    again = pool.acquire(timeout=5)
+    assert again.token > held.token
+    assert pool.release(again) is True
+
+
+# -- 18. server restarts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
+def test_restart_with_appendonly_keeps_leases_and_queue_order(
+    pool_name: str, procs: Callable[..., Proc], kill: bool
+) -> None:
+    with RedisServer(appendonly=True) as server:
+        client = redis.Redis.from_url(server.url)
+        pool = FairAllocator(client, pool_name)
+        pool.extend(["r"])
+        holder = procs(leaser, server.url, pool_name, ttl=60.0)
+        holder.expect("ready")
+        held: Lease = holder.expect("granted")
+        waiters = [procs(leaser, server.url, pool_name, wait_go=True) for _ in range(3)]
+        queue_in_order(pool, waiters)
+
+        server.restart(kill=kill)
+
+        holder.send("renew")
+        renewed: Lease = holder.expect("renewed")
+        assert renewed.token == held.token and renewed.expires_at >= held.expires_at
+        assert pool.status().waiting == 3
+        holder.send("release")
+        assert holder.expect("released") is True
+        tokens = [held.token]
+        for waiter in waiters:  # in their original order
+            got: Lease = waiter.expect("granted", timeout=SLACK)
+            tokens.append(got.token)
+            waiter.send("release")
+            assert waiter.expect("released") is True
+        assert tokens == sorted(set(tokens))
+        client.close()
+
+
+def test_restart_without_persistence_loses_leases_but_never_repeats_tokens(
+    pool_name: str, procs: Callable[..., Proc]
+) -> None:
+    with RedisServer(appendonly=False) as server:
+        client = redis.Redis.from_url(server.url)
+        pool = FairAllocator(client, pool_name)
+        pool.extend(["r"])
+        before = []
+        for _ in range(3):  # some history, so that the fence has moved
+            lease = pool.acquire(timeout=5)
+            before.append(lease.token)
+            pool.release(lease)
+        holder = procs(leaser, server.url, pool_name, ttl=60.0)
+        holder.expect("ready")
+        held: Lease = holder.expect("granted")
+        before.append(held.token)
+        waiters = [procs(leaser, server.url, pool_name, wait_go=True) for _ in range(2)]
+        queue_in_order(pool, waiters)
+
+        server.restart()  # every key is gone
+
+        holder.send("renew")
+        assert holder.expect("lost") == held.token
+        holder.send("release")
+        assert holder.expect("released") is False
+        pool.extend(["r"])  # the application sets its pool up again at start
+        # The waiters' tickets vanished; they queue again and are served.
+        pending = list(waiters)
+        while pending:
+            waiter, got = first_report(pending, "granted", timeout=3 * SLACK)
+            assert got.token > max(before)
+            before.append(got.token)
+            waiter.send("release")
+            assert waiter.expect("released") is True
+            pending.remove(waiter)
+        status = pool.status()
+        assert (status.size, status.free, status.leased, status.waiting) == (1, 1, 0, 0)
+        client.close()
+
+
+def test_tokens_never_repeat_after_a_failover_that_lost_writes(pool_name: str, client: Any) -> None:
+    """A replica that lagged is promoted: the pool's keys go back to an older
+    state. Grants made after that must carry tokens above every token
+    granted before, the lost ones included."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r", "s"])
+    warmup = pool.acquire(timeout=5)
+    pool.release(warmup)
+    keys = pool._pool.keys[: len(KEY_SUFFIXES)]
+    snapshot = {key: client.dump(key) for key in keys}
+    granted = [warmup.token]
+    for _ in range(5):  # the writes the failover loses
+        lease = pool.acquire(timeout=5)
+        granted.append(lease.token)
+        pool.release(lease)
+    kept = pool.acquire(timeout=5)  # a holder whose lease the failover loses
+    granted.append(kept.token)
+    for key, dumped in snapshot.items():  # back to the old state
+        client.delete(key)
+        if dumped is not None:
+            client.restore(key, 0, dumped)
+    for _ in range(3):
+        lease = pool.acquire(timeout=5)
+        assert lease.token > max(granted), (lease.resource, lease.token)
+        granted.append(lease.token)
+        pool.release(lease)
+    with pytest.raises(LeaseLost):
+        pool.renew(kept)
+
+
+def test_a_client_started_before_the_server_waits_for_it(
+    pool_name: str, procs: Callable[..., Proc]
+) -> None:
+    server = RedisServer()  # its port is chosen, nothing listens on it yet
+    try:
+        waiter = procs(leaser, server.url, pool_name, timeout=40.0)
+        waiter.expect("ready")
+        time.sleep(1.0)  # the scenario: the server comes up a second later
+        server.start()
+        client = redis.Redis.from_url(server.url)
+        FairAllocator(client, pool_name).extend(["r"])
+        got: Lease = waiter.expect("granted", timeout=45)
+        assert got.resource == "r"
+        waiter.send("release")
+        assert waiter.expect("released") is True
+        client.close()
+    finally:
+        server.close()
+
+
+# -- 14. the pending list as the safety net ------------------------------------------
+
+
+def test_gc_reclaims_an_expired_lease_through_the_pending_list(pool_name: str, client: Any) -> None:
+    """Its deadline entry is gone (lost, or a bug): the walk of the stream's
+    pending list still finds the lease and ends it once it is past due."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    lost = pool.acquire(timeout=5, ttl=0.2)
+    client.delete(pool._pool.keys[KEY["exp"]])
+    wait_until(lambda: server_now(client) > lost.expires_at + 0.01, what="the deadline")
+    assert pool.gc().reclaimed == 1
+    assert pool.release(lost) is False
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (1, 0, 0)
+
+
+def test_a_pending_entry_whose_ticket_was_deleted_leaves_the_lease_alone(
+    pool_name: str, client: Any
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r", "s"])
+    first, second = pool.acquire(timeout=5), pool.acquire(timeout=5)
+    client.xdel(pool._pool.keys[KEY["q"]], first.ticket)
+    pool.gc()  # meets a pending id with no entry behind it
+    assert pool.renew(first).token == first.token
+    assert pool.status().leased == 2
+    assert pool.release(first) is True and pool.release(second) is True
+    pool.gc()
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (2, 0, 0)
+
+
+# -- 15. client defaults: socket timeouts shorter than a wait -----------------------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_wait_longer_than_the_socket_timeout(
+    redis_url: str, pool_name: str, client: Any, flavour: str
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    socket_timeout = 0.3
+    waited = 4 * socket_timeout
+
+    if flavour == "sync":
+        short = redis.Redis.from_url(redis_url, socket_timeout=socket_timeout)
+        other = FairAllocator(short, pool_name)
+        waiter = Background(lambda: other.acquire(timeout=30))
+        wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
+        time.sleep(waited)  # the duration is the point: several socket timeouts
+        assert pool.release(held) is True
+        got = waiter.join(30)
+        assert other.release(got) is True
+        short.close()
+        return
+
+    async def scenario() -> None:
+        short = redis.asyncio.Redis.from_url(redis_url, socket_timeout=socket_timeout)
+        other = AsyncFairAllocator(short, pool_name)
+        task = asyncio.ensure_future(other.acquire(timeout=30))
+        while pool.status().waiting != 1:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(waited)
+        assert pool.release(held) is True
+        got = await asyncio.wait_for(task, 30)
+        assert await other.release(got) is True
+        await short.aclose()
+
+    asyncio.run(scenario())
+
+
+# -- 16. many waiters in one process --------------------------------------------------
+
+
+def test_many_async_waiters_share_a_small_connection_pool(
+    redis_url: str, pool_name: str, client: Any
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    count = 40
+
+    async def scenario() -> list[int]:
+        small = redis.asyncio.Redis.from_url(redis_url, max_connections=4)
+        apool = AsyncFairAllocator(small, pool_name)
+        order: list[int] = []
+
+        async def one(i: int) -> None:
+            lease = await apool.acquire(timeout=60)
+            order.append(i)
+            assert await apool.release(lease) is True
+
+        tasks = []
+        for i in range(count):
+            tasks.append(asyncio.ensure_future(one(i)))
+            while pool.status().waiting != i + 1:
+                await asyncio.sleep(0.005)
+        assert pool.release(held) is True
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        await small.aclose()
+        return order
+
+    # Served in the order they queued, none of them starved of a connection.
+    assert asyncio.run(scenario()) == list(range(count))
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (1, 0, 0)
+
+
+# -- 17. the stream or its group deleted under the pool -----------------------------
+
+
+def test_waiters_are_served_after_the_stream_was_deleted(
+    redis_url: str, pool_name: str, client: Any, procs: Callable[..., Proc]
+) -> None:
+    """The queue's stream vanishes (deleted by hand, evicted): a requester that
+    was waiting must not wait for ever while the resource is free."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = procs(leaser, redis_url, pool_name, timeout=40.0)
+    waiter.expect("ready")
+    wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
+    client.delete(pool._pool.keys[KEY["q"]])
+    assert pool.release(held) is True
+    pool.gc()
+    got: Lease = waiter.expect("granted", timeout=SLACK)
+    assert got.token > held.token
+    waiter.send("release")
+    assert waiter.expect("released") is True
+
+
+def test_waiters_keep_their_order_when_the_group_is_recreated_at_the_end(
+    redis_url: str, pool_name: str, client: Any, procs: Callable[..., Proc]
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiters = [procs(leaser, redis_url, pool_name, wait_go=True) for _ in range(3)]
+    queue_in_order(pool, waiters)
+    stream = pool._pool.keys[KEY["q"]]
+    client.xgroup_destroy(stream, "g")
+    client.xgroup_create(stream, "g", id="$")  # past every queued ticket
+    assert pool.release(held) is True
+    tokens = [held.token]
+    for waiter in waiters:
+        got: Lease = waiter.expect("granted", timeout=SLACK)
+        tokens.append(got.token)
+        waiter.send("release")
+        assert waiter.expect("released") is True
+    assert tokens == sorted(set(tokens))
+    pool.gc()
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (1, 0, 0)
+
+
+# -- keepalive --------------------------------------------------------------------------------
+
+
+def test_keepalive_keeps_a_lease_past_several_ttls_and_leaks_no_thread(
+    redis_url: str, pool_name: str, client: Any
+) -> None:
+    ttl = 1.5
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    other_client = redis.Redis.from_url(redis_url)
+    other = FairAllocator(other_client, pool_name)
+    before = set(threading.enumerate())
+    with pool.lease(timeout=5, ttl=ttl, keepalive=True) as held:
+        assert set(threading.enumerate()) - before, "no keepalive thread was started"
+        # The duration is the point: three ttls past the first deadline.
+        wait_until(lambda: server_now(client) > held.expires_at + 3 * ttl, timeout=30,
+                   what="three ttls")  # fmt: skip
+        assert other.acquire(blocking=False) is None
+        status = pool.status()
+        assert (status.leased, status.free) == (1, 0)
+    leaked = set(threading.enumerate()) - before
+    assert not leaked, f"threads left behind: {leaked}"
+    again = other.acquire(blocking=False)
+    assert again is not None and again.token > held.token
+    assert other.release(again) is True
+    other_client.close()
+
+
+# -- 19. maxmemory-policy ------------------------------------------------------------------
+
+
+def _library_mentions_maxmemory() -> bool:
+    package = Path(allocator.__file__).resolve().parent
+    return any("maxmemory" in path.read_text(encoding="utf-8") for path in package.glob("*.py"))
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "noeviction"])
+def test_evicting_maxmemory_policy_warns(pool_name: str, policy: str) -> None:
+    if not _library_mentions_maxmemory():
+        pytest.skip(
+            "allocator does not check maxmemory-policy (FAILURE-MODES 19): it emits no "
+            "warning to test; an evicting policy can silently drop pool keys"
+        )
+    with RedisServer(extra_args=["--maxmemory", "64mb", "--maxmemory-policy", policy]) as server:
+        client = redis.Redis.from_url(server.url)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pool = FairAllocator(client, pool_name)
+            pool.extend(["r"])
+            lease = pool.acquire(timeout=5)
+            pool.release(lease)
+            pool.status()
+            pool.gc()
+        client.close()
+    about = [
+        w for w in caught
+        if issubclass(w.category, (ResourceWarning, RuntimeWarning))
+        and "maxmemory" in str(w.message)
+    ]  # fmt: skip
+    if policy == "noeviction":
+        assert not about, [str(w.message) for w in about]
+    elif policy.startswith("allkeys"):
+        assert about, f"no maxmemory warning under maxmemory-policy {policy}"
+    # volatile-*: the library needs no warning if it keeps no TTL'd key that
+    # safety depends on; any warning it gives must still name the setting.
+    for w in about:
+        assert policy in str(w.message) or "maxmemory-policy" in str(w.message)
