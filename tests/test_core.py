@@ -1,5 +1,4 @@
-"""The I/O-free core, the public surface, and the package: no Redis needed
-(but for the last test, which needs a real server)."""
+"""The I/O-free core, the public surface, and the package: no Redis needed."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import inspect
 import math
 import subprocess
 import sys
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -324,26 +322,3 @@ def test_the_wheel_ships_the_scripts_and_works_from_them(tmp_path: Path) -> None
     assert package.startswith(str(tmp_path / "site"))
     assert scripts == str(tmp_path / "site" / "allocator" / "lua")
     assert int(count) == len(OPERATIONS)
-
-
-# -- a server that may evict the pool's keys ------------------------------------
-
-
-def test_an_evicting_maxmemory_policy_warns_once(redis_url: str, pool_name: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    before = client.config_get("maxmemory-policy")["maxmemory-policy"]
-    try:
-        client.config_set("maxmemory-policy", "allkeys-lru")
-        pool = FairAllocator(client, pool_name)
-        with pytest.warns(RuntimeWarning, match="maxmemory-policy"):
-            pool.extend(["r"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            pool.status()  # once per allocator
-        client.config_set("maxmemory-policy", "volatile-lru")  # no TTL'd keys: safe
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            FairAllocator(client, pool_name).status()
-    finally:
-        client.config_set("maxmemory-policy", before)
-        client.close()
