@@ -58,3 +58,19 @@ def hammer(
             out.flush()
             os.fsync(out.fileno())
             assert alloc.release(lease), "lease lost while held"
+
+
+def rate_client(url: str, pool: str, until: float, barrier: Any, results: Any) -> None:
+    """Lease the rate-limited key as often as the pool allows until server
+    time `until`; report each grant's server time."""
+    client = redis.Redis.from_url(url)
+    alloc = FairAllocator(client, pool)
+    barrier.wait()
+    granted = []
+    while True:
+        lease = alloc.acquire(timeout=30)
+        granted.append(lease.granted_at)
+        alloc.release(lease)
+        if lease.granted_at >= until:
+            break
+    results.put(granted)
