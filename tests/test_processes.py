@@ -62,6 +62,14 @@ def test_grants_follow_arrival_order_across_processes(
     assert [ticket_key(t) for _, t, _ in by_grant] == sorted(ticket_key(t) for _, t, _ in got)
 
 
+def run_workers(procs: list[Any], timeout: float = 180) -> None:
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout)
+        assert proc.exitcode == 0, f"worker exit code {proc.exitcode}"
+
+
 def read_ledger(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -83,11 +91,7 @@ def test_free_for_all_is_fifo_and_exclusive(
         )
         for i in range(5)
     ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-        assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+    run_workers(procs)
     visits = read_ledger(ledger)
     assert len(visits) == 60
     by_token = sorted(visits, key=lambda v: v["token"])
@@ -117,11 +121,7 @@ def test_capacity_is_never_exceeded(
         )
         for i in range(6)
     ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-        assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+    run_workers(procs)
     visits = read_ledger(ledger)
     assert len(visits) == 90
     capacity = {"solo": 1, "duo": 2}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fakeredis
@@ -253,18 +253,22 @@ def test_bad_input_changes_nothing(pool: FairAllocator) -> None:
 # -- asyncio: cancellation at each await ---------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["redis", "fake"])
-def test_async_cancellation_leaves_nothing_behind(
-    backend: str, request: pytest.FixtureRequest, pool_name: str
-) -> None:
-    if backend == "redis":
+@pytest.fixture(params=["redis", "fake"])
+def new_async_client(request: pytest.FixtureRequest) -> Callable[[], Any]:
+    """Makes an asyncio client on the real server or on a fakeredis server
+    (called inside the test's event loop)."""
+    if request.param == "redis":
         url = request.getfixturevalue("redis_url")
+        return lambda: redis.asyncio.Redis.from_url(url)
+    server = fakeredis.FakeServer()
+    return lambda: fakeredis.FakeAsyncRedis(server=server)
 
+
+def test_async_cancellation_leaves_nothing_behind(
+    new_async_client: Callable[[], Any], pool_name: str
+) -> None:
     async def scenario() -> None:
-        if backend == "redis":
-            client = redis.asyncio.Redis.from_url(url)
-        else:
-            client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+        client = new_async_client()
         apool = AsyncFairAllocator(client, pool_name)
         await apool.extend(["r"])
         held = await apool.acquire(timeout=5)
@@ -293,22 +297,16 @@ def test_async_cancellation_leaves_nothing_behind(
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("backend", ["redis", "fake"])
 def test_async_grant_to_departed_waiter_is_passed_on(
-    backend: str, request: pytest.FixtureRequest, pool_name: str
+    new_async_client: Callable[[], Any], pool_name: str
 ) -> None:
     """A grant that reaches the router after its waiter left (here: a ticket
     queued on the router's list with no local waiter at all) is released by
     the router, and the next waiter is served without waiting out the
     pick-up window."""
-    if backend == "redis":
-        url = request.getfixturevalue("redis_url")
 
     async def scenario() -> None:
-        if backend == "redis":
-            client = redis.asyncio.Redis.from_url(url)
-        else:
-            client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+        client = new_async_client()
         apool = AsyncFairAllocator(client, pool_name)
         await apool.extend(["r"])
         held = await apool.acquire(timeout=5)

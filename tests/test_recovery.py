@@ -104,6 +104,14 @@ def queue_in_order(pool: FairAllocator, workers: list[Proc], already: int = 0) -
 # -- 11. dead holders ------------------------------------------------------------------
 
 
+def hold(procs: Callable[..., Proc], *args: Any, **kwargs: Any) -> tuple[Proc, Lease]:
+    """A holder process (``leaser``) that has leased a resource of the pool."""
+    holder = procs(leaser, *args, **kwargs)
+    holder.expect("ready")
+    held: Lease = holder.expect("granted")
+    return holder, held
+
+
 @pytest.mark.parametrize("gc_job", [False, True], ids=["waiters-only", "with-gc-loop"])
 def test_dead_holder_is_reclaimed_by_the_next_waiter(
     redis_url: str,
@@ -116,9 +124,7 @@ def test_dead_holder_is_reclaimed_by_the_next_waiter(
     ttl = 2.0
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
-    holder = procs(leaser, redis_url, pool_name, ttl=ttl)
-    holder.expect("ready")
-    held: Lease = holder.expect("granted")
+    holder, held = hold(procs, redis_url, pool_name, ttl=ttl)
     collector = None
     if gc_job:
         collector = procs(gc_loop, redis_url, pool_name, every=0.1)
@@ -162,9 +168,7 @@ def test_dead_holder_with_nobody_waiting_is_reclaimed_by_gc(
     ttl = 2.0
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
-    holder = procs(leaser, redis_url, pool_name, ttl=ttl)
-    holder.expect("ready")
-    held: Lease = holder.expect("granted")
+    holder, held = hold(procs, redis_url, pool_name, ttl=ttl)
     collector = procs(gc_loop, redis_url, pool_name, every=0.2)
     collector.expect("ready")
     holder.kill()
@@ -307,9 +311,7 @@ def test_a_paused_holder_learns_it_lost_the_lease(
     ttl = 2.0
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
-    holder = procs(leaser, redis_url, pool_name, ttl=ttl)
-    holder.expect("ready")
-    held: Lease = holder.expect("granted")
+    holder, held = hold(procs, redis_url, pool_name, ttl=ttl)
     holder.send(("renew_every", ttl / 6))  # a diligent holder, renewing all along
     successor = procs(leaser, redis_url, pool_name, ttl=30.0)
     successor.expect("ready")
@@ -363,9 +365,7 @@ def test_restart_with_appendonly_keeps_leases_and_queue_order(
         client = redis.Redis.from_url(server.url)
         pool = FairAllocator(client, pool_name)
         pool.extend(["r"])
-        holder = procs(leaser, server.url, pool_name, ttl=60.0)
-        holder.expect("ready")
-        held: Lease = holder.expect("granted")
+        holder, held = hold(procs, server.url, pool_name, ttl=60.0)
         waiters = [procs(leaser, server.url, pool_name, wait_go=True) for _ in range(3)]
         queue_in_order(pool, waiters)
 
@@ -399,9 +399,7 @@ def test_restart_without_persistence_loses_leases_but_never_repeats_tokens(
             lease = pool.acquire(timeout=5)
             before.append(lease.token)
             pool.release(lease)
-        holder = procs(leaser, server.url, pool_name, ttl=60.0)
-        holder.expect("ready")
-        held: Lease = holder.expect("granted")
+        holder, held = hold(procs, server.url, pool_name, ttl=60.0)
         before.append(held.token)
         waiters = [procs(leaser, server.url, pool_name, wait_go=True) for _ in range(2)]
         queue_in_order(pool, waiters)
