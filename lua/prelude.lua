@@ -167,11 +167,13 @@ function P:lease_load(lid)
   }, raw
 end
 
--- `deadline_s`: the deadline as a string, when the caller has it already.
-function P:lease_save(lid, L, deadline_s)
+function P:lease_save(lid, L)
   redis.call('HSET', self.RECS, lid, 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted ..
-    '|' .. (deadline_s or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup ..
-    '|' .. L.res)
+    '|' .. L.deadline .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res)
+end
+
+function P.lease_reply(L)
+  return {'granted', L.ticket, L.token, L.granted, L.deadline, L.ttl, L.res}
 end
 
 -- The grant message is built from fields that never change, so that a later
@@ -523,8 +525,4 @@ function P:dispatch(self_lid)
       end
     end
   end
-end
-
-function P.lease_reply(L)
-  return {'granted', L.ticket, L.token, L.granted, L.deadline, L.ttl, L.res}
 end
