@@ -225,7 +225,19 @@ def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: 
     assert len(grants) > 20, "too few leases to tell anything"
     assert kills
     # Safety: never more holders at once than the capacity.
-    assert not over_capacity(grants), over_capacity(grants)[:3]
+    problems = over_capacity(grants)
+    if problems:
+        # Keep the evidence whole: every record of the resources involved.
+        evidence = tmp_path / "over_capacity.json"
+        involved = {resource for resource, _ in problems}
+        evidence.write_text(json.dumps({
+            "problems": problems,
+            "grants": [
+                {**vars(g), "worker": g.worker.pid, "killed_at": g.worker.killed_at}
+                for g in grants if g.resource in involved
+            ],
+        }, indent=1))  # fmt: skip
+        raise AssertionError(f"over capacity: {problems[:3]} (all records: {evidence})")
     # Fencing: tokens are unique per resource, and strictly grow in grant order.
     for resource in RESOURCES:
         mine = sorted((g for g in grants if g.resource == resource), key=lambda g: g.granted_at)
