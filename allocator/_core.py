@@ -91,6 +91,7 @@ TRANSIENT_ERRORS = (
 
 KEY_SUFFIXES = (
     "meta", "res", "gone", "free", "park", "q", "recs", "exp", "bind", "bexp", "alive", "rlog",
+    "pick",
 )  # fmt: skip
 
 
@@ -397,13 +398,13 @@ class Pool:
         deadline = None if timeout is None else started + timeout
         cid = self.client_id
         alive_ms = _ms(ALIVE)
+        own = (*self.keys, self.signal_key(cid))
         enqueue: Call[State] = Call(
             "acquire",
-            self.keys,
+            own,
             (lid, cid, ttl_ms, alive_ms, "1" if blocking else "0", bind or "", _ms(self.bind_ttl)),
             lambda reply: self._state("acquire", lid, reply),
         )
-        own = (*self.keys, self.signal_key(cid))
         poll: Call[State] = Call(
             "poll", own, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
         )
@@ -469,7 +470,7 @@ class Pool:
                 raise _unexpected("release", reply)
             return tag == "released"
 
-        return self._single(Call("release", self.keys, (held.id, held.ticket, q_ms), parse))
+        return self._single(Call("release", self.keys, (held.id, held.ticket, q_ms, ""), parse))
 
     def renew(self, lease: object, ttl: object) -> Flow[Lease]:
         held = self._check_lease(lease)
@@ -659,12 +660,14 @@ class Pool:
 
     def release_message(self, message: Any) -> Call[Any] | None:
         """For a grant that reached a client whose waiter had already left:
-        the release that passes it on (None if ``message`` is no grant)."""
+        the release that passes it on (None if ``message`` is no grant). Only
+        if nobody claimed it: the waiter may have been handed it in a poll
+        reply while the reader held the message."""
         kind, _, rest = _decode(message).partition("|")
         fields = rest.split("|", 5)
         if kind != "g" or len(fields) != 6:
             return None
-        return Call("release", self.keys, (fields[0], fields[1], ""), lambda reply: reply)
+        return Call("release", self.keys, (fields[0], fields[1], "", "1"), lambda reply: reply)
 
     @staticmethod
     def message_target(message: Any) -> str:

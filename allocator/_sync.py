@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
@@ -9,6 +10,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
@@ -320,10 +322,24 @@ class _Router:
                     target=self._read, name=f"allocator-reader-{self._pool.name}", daemon=True
                 )
                 self._reader.start()
+                _at_exit(self)
         try:
             return inbox.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    @property
+    def reading(self) -> bool:
+        reader = self._reader
+        return reader is not None and reader.is_alive()
+
+    def close_connections(self) -> None:
+        client = self._owner._client
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
+        else:  # RedisCluster keeps a pool per node
+            client.close()
 
     def _recheck_all(self) -> None:
         with self._lock:
@@ -374,6 +390,27 @@ class _Router:
                 self._recheck_all()
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+_READERS: weakref.WeakSet[_Router] = weakref.WeakSet()
+
+
+def _at_exit(router: _Router) -> None:
+    """Remember a router whose reader runs, for the exit hook below."""
+    if not _READERS:
+        atexit.register(_close_readers)
+    _READERS.add(router)
+
+
+def _close_readers() -> None:
+    """At interpreter exit, a reader (a daemon thread) may still be in its
+    last blocking read, at most a heartbeat after its last waiter left.
+    Close its client's connections, so that no socket is left open (the
+    client reconnects if an exit handler still uses it)."""
+    for router in list(_READERS):
+        if router.reading:
+            with contextlib.suppress(Exception):
+                router.close_connections()
 
 
 class _Keeper:

@@ -1,7 +1,7 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's keys (lua/README.md).
+-- KEYS: the pool's keys (lua/README.md), then KEYS[15] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
 --       bind_ttl_ms
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
@@ -14,6 +14,7 @@ local lid, cid, ttl, alive_ms, blocking, bind, bind_ttl =
 -- instead of queueing a second time.
 local L, raw = P:lease_load(lid)
 if L then
+  P:claim(lid, L, KEYS[15])
   return P.lease_reply(L)
 end
 local ticket = raw and string.sub(raw, 3)
@@ -44,16 +45,21 @@ if not ticket then
   else
     ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'b', bind, 'B', bind_ttl)
   end
-  if not ahead then
+  local best = redis.call('ZRANGE', P.FREE, 0, 0)[1]
+  if not ahead and best then
     -- Nobody waits: the caller is the head. The uncontended case ends here.
-    local best = redis.call('ZRANGE', P.FREE, 0, 0)[1]
-    if best then
-      local t = {id = ticket, l = lid, c = cid, t = ttl, B = bind_ttl}
-      if bind ~= '' then
-        t.b = bind
-      end
-      return P.lease_reply(P:grant(t, best, lid))
+    local t = {id = ticket, l = lid, c = cid, t = ttl, B = bind_ttl}
+    if bind ~= '' then
+      t.b = bind
     end
+    return P.lease_reply(P:grant(t, best, lid))
+  end
+  if ahead and not best then
+    -- Others wait and nothing is free: the caller just joins the line (only
+    -- the head is ever told anything; a release serves the queue).
+    redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
+    redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+    return {'queued', ticket, -1}
   end
 end
 

@@ -4,7 +4,7 @@
 -- comes due or its reader asks it to look, and (with lid '') by the reader
 -- once per interval for all waiters of its client.
 --
--- KEYS: the pool's keys, then KEYS[14] the caller's signal key (its client's).
+-- KEYS: the pool's keys, then KEYS[15] the caller's signal key (its client's).
 -- ARGV: lid ('' for a client-level heartbeat), cid, alive_ms,
 --       probe (heartbeat only: a waiter of the client whose ticket to check)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
@@ -43,14 +43,8 @@ if mine then
 end
 local L, raw = P:lease_load(lid)
 if L then
-  -- Granted by an earlier push: hand it over in this reply, and take the
-  -- message back so that it is not seen twice.
-  if L.pickup == '1' then
-    redis.call('LREM', KEYS[14], 1, P.grant_msg(lid, L))
-    L.pickup = '0'
-    P:lease_save(lid, L)
-    P:schedule(P.EXP, L.deadline, lid)
-  end
+  -- Granted by an earlier push: hand it over in this reply.
+  P:claim(lid, L, KEYS[15])
   return P.lease_reply(L)
 elseif raw then
   local ticket = string.sub(raw, 3)

@@ -13,7 +13,7 @@
 local P = {
   META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
   Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
-  ALIVE = KEYS[11], RLOG = KEYS[12], SIG = KEYS[13],
+  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], SIG = KEYS[14],
   -- A grant pushed to a waiter's signal list that is still there this long
   -- after was never taken: the waiter is gone, and the grant is taken back.
   PICKUP_MS = 2000,
@@ -26,6 +26,8 @@ local P = {
   BATCH = 64,
   -- Counters of this run, reported by gc().
   reclaimed = 0, dropped = 0,
+  -- Resource records read in this run, by name (false: not in the pool).
+  records = {},
 }
 
 -- Every deadline is on the server's clock. Scripts are replicated by their
@@ -45,24 +47,35 @@ end
 ---------------------------------------------------------------------------
 
 -- cap|score|used|fence|state|until|stamp|rcount|rwin|rv
--- Numbers the grant path needs are converted; the rest stay strings.
+-- Numbers the grant path needs are converted; the rest stay strings. A
+-- record read once is kept for the rest of the run (a release that hands
+-- its resource straight on reads it once); res_save and retire keep the
+-- kept copy right.
 function P:res_load(name)
+  local r = self.records[name]
+  if r ~= nil then
+    return r or nil
+  end
   local raw = redis.call('HGET', self.RES, name)
   if not raw then
+    self.records[name] = false
     return nil
   end
   local cap, score, used, fence, state, untl, stamp, rc, rw, rv = string.match(raw,
     '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  return {
+  r = {
     cap = tonumber(cap), score = score, used = tonumber(used), fence = fence, state = state,
     untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv,
   }
+  self.records[name] = r
+  return r
 end
 
 -- `fence` is written back as it was loaded unless a grant changed it (then
 -- it is an exact string already); numbers set by other paths go through
 -- Lua's conversion, which is exact for their sizes (< 14 digits).
 function P:res_save(name, r)
+  self.records[name] = r
   redis.call('HSET', self.RES, name, r.cap .. '|' .. r.score .. '|' .. r.used .. '|' .. r.fence ..
     '|' .. r.state .. '|' .. r.untl .. '|' .. r.stamp .. '|' .. r.rc .. '|' .. r.rw .. '|' .. r.rv)
 end
@@ -82,16 +95,23 @@ function P:place(name, r, restamp)
   end
 end
 
--- Every entry of EXP and PARK is written here, so that META's `nd` stays a
--- lower bound on the earliest time in either: maintenance is skipped (it
--- costs one field of the shared META read instead of two range queries)
--- while nothing can be due.
+-- Every entry of EXP, PARK and PICK is written here, so that META's `nd`
+-- stays a lower bound on the earliest time in any of them (maintenance is
+-- skipped while nothing can be due), and `nh` one on the earliest lease
+-- deadline or end of a quarantine or throttle: the events worth waking a
+-- waiter for. (A pick-up check almost never frees anything, and a reader's
+-- heartbeat meets it within a second.)
 function P:schedule(key, at, member)
   redis.call('ZADD', key, at, member)
   self:meta()
-  if tonumber(at) < self.nd then
-    self.nd = tonumber(at)
+  at = tonumber(at)
+  if at < self.nd then
+    self.nd = at
     redis.call('HSET', self.META, 'nd', at)
+  end
+  if key ~= self.PICK and at < self.nh then
+    self.nh = at
+    redis.call('HSET', self.META, 'nh', at)
   end
 end
 
@@ -110,6 +130,7 @@ function P:retire(name, r)
   end
   redis.call('ZREM', self.PARK, name)
   redis.call('HDEL', self.RES, name)
+  self.records[name] = false
   redis.call('HSET', self.GONE, name, r.fence)
   if r.rc ~= '0' then
     redis.call('ZREMRANGEBYLEX', self.RLOG, '[' .. name .. '\0', '(' .. name .. '\1')
@@ -185,6 +206,20 @@ function P.grant_msg(lid, L)
     '|' .. L.res
 end
 
+-- The lease is handed to its owner in a script reply (poll, a retried
+-- acquire): take back the pushed message if its reader has not popped it,
+-- and mark the lease claimed, so that a reader that popped it and finds no
+-- waiter for it any more does not release it (release.lua, `unclaimed`).
+-- `key` is the owner's signal list, declared by the caller.
+function P:claim(lid, L, key)
+  if L.pickup == '1' then
+    redis.call('LREM', key, 1, self.grant_msg(lid, L))
+    redis.call('ZREM', self.PICK, lid)
+    L.pickup = '0'
+    self:lease_save(lid, L)
+  end
+end
+
 -- A lease counts (is one of its resource's `used`) unless the resource left
 -- the pool or was removed and added again since the grant (token <= rv).
 function P.counted(L, r)
@@ -199,6 +234,9 @@ end
 function P:end_lease(lid, L)
   redis.call('HDEL', self.RECS, lid)
   redis.call('ZREM', self.EXP, lid)
+  if L.pickup == '1' then
+    redis.call('ZREM', self.PICK, lid)
+  end
   redis.call('XACK', self.Q, 'g', L.ticket)
   redis.call('XDEL', self.Q, L.ticket)
   local r = self:res_load(L.res)
@@ -220,34 +258,41 @@ end
 -- Maintenance: every script starts by handling what came due.
 ---------------------------------------------------------------------------
 
--- Leases whose EXP time passed. A pushed grant whose pick-up window ended
--- is confirmed if the waiter popped it, taken back if it is still in the
--- list; any other due lease is past its deadline and ends.
+-- Pushed grants whose pick-up window ended: confirmed if the waiter's
+-- reader popped the message, taken back if it is still in the list (the
+-- client is gone, or stalled past the window). Then leases past their
+-- deadline (EXP holds deadlines only), with any unread grant message.
 function P:reclaim(limit)
+  local picks = redis.call('ZRANGEBYSCORE', self.PICK, '-inf', self.now, 'LIMIT', 0, limit)
+  for _, lid in ipairs(picks) do
+    redis.call('ZREM', self.PICK, lid)
+    local L = self:lease_load(lid)
+    if L and L.pickup == '1' then
+      local key, msg = self.SIG .. L.cid, self.grant_msg(lid, L)
+      if redis.call('LREM', key, 1, msg) > 0 then
+        L.pickup = '0' -- its PICK entry is gone already
+        self:end_and_settle(lid, L)
+        self.reclaimed = self.reclaimed + 1
+      else
+        L.pickup = '0'
+        self:lease_save(lid, L)
+      end
+    end
+  end
   local due = redis.call('ZRANGEBYSCORE', self.EXP, '-inf', self.now, 'LIMIT', 0, limit)
   for _, lid in ipairs(due) do
     local L = self:lease_load(lid)
     if not L then
       redis.call('ZREM', self.EXP, lid)
     else
-      local key, msg = self.SIG .. L.cid, nil
       if L.pickup == '1' then
-        msg = self.grant_msg(lid, L)
+        redis.call('LREM', self.SIG .. L.cid, 1, self.grant_msg(lid, L))
       end
-      if msg and L.deadline > self.now and not redis.call('LPOS', key, msg) then
-        L.pickup = '0'
-        self:lease_save(lid, L)
-        self:schedule(self.EXP, L.deadline, lid)
-      else
-        if msg then
-          redis.call('LREM', key, 1, msg)
-        end
-        self:end_and_settle(lid, L)
-        self.reclaimed = self.reclaimed + 1
-      end
+      self:end_and_settle(lid, L)
+      self.reclaimed = self.reclaimed + 1
     end
   end
-  return #due
+  return math.max(#picks, #due)
 end
 
 -- Quarantines and rate throttles that ended: back into rotation, unless the
@@ -269,9 +314,9 @@ function P:unpark(limit)
   return #due
 end
 
--- Handle what is due, if anything can be; then raise `nd` to the earliest
--- time still scheduled (it stays in the past if a batch left some due: the
--- next run goes on).
+-- Handle what is due, if anything can be; then raise `nd` and `nh` to the
+-- earliest times still scheduled (they stay in the past if a batch left
+-- some due: the next run goes on).
 function P:maintain(limit)
   self:meta()
   if self.nd > self.now then
@@ -279,9 +324,9 @@ function P:maintain(limit)
   end
   limit = limit or self.BATCH
   local reclaimed, unparked = self:reclaim(limit), self:unpark(limit)
-  local nd = self:next_event() or 1e15
-  self.nd = nd
-  redis.call('HSET', self.META, 'nd', nd)
+  local nh = math.min(self:first(self.EXP), self:first(self.PARK))
+  self.nh, self.nd = nh, math.min(nh, self:first(self.PICK))
+  redis.call('HSET', self.META, 'nd', self.nd, 'nh', self.nh)
   return reclaimed, unparked
 end
 
@@ -290,14 +335,15 @@ end
 ---------------------------------------------------------------------------
 
 -- The pool's bookkeeping in META, read once per run: the last ticket
--- delivered (granted) in queue order, the lower bound on the next due time,
--- and the hint last pushed to a queue head ({tag, key, msg}).
+-- delivered (granted) in queue order, the lower bounds `nd` and `nh` (see
+-- P:schedule), and the hint last pushed to a queue head ({tag, key, msg}).
 function P:meta()
   if not self.ld then
-    local m = redis.call('HMGET', self.META, 'ld', 'nd', 'hint', 'hintkey', 'hintmsg')
+    local m = redis.call('HMGET', self.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg')
     self.ld = m[1] or '0-0'
     self.nd = tonumber(m[2] or 0)
-    self.hinted = {m[3], m[4], m[5]}
+    self.nh = tonumber(m[3] or 0)
+    self.hinted = {m[4], m[5], m[6]}
   end
 end
 
@@ -355,25 +401,20 @@ function P:unhint(lid)
   end
 end
 
--- The earliest time at which something may unblock the head: a lease
--- deadline or pick-up check, or the end of a quarantine or rate throttle.
-function P:next_event()
-  local a = redis.call('ZRANGE', self.PARK, 0, 0, 'WITHSCORES')[2]
-  local b = redis.call('ZRANGE', self.EXP, 0, 0, 'WITHSCORES')[2]
-  if a and b then
-    return math.min(tonumber(a), tonumber(b))
-  end
-  return tonumber(a or b)
+-- The earliest score in a zset of times (1e15: none).
+function P:first(key)
+  return tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2] or 1e15)
 end
 
 -- The head cannot be served now: tell it when to look again, so that it
--- wakes then instead of polling. The time is `nd`, the lower bound on the
--- next due time (waking early costs one poll, which sets `nd` right). The
+-- wakes then instead of polling. The time is `nh`, the lower bound on the
+-- next lease deadline or quarantine or throttle end (waking early costs one
+-- poll, which sets it right). The
 -- caller learns it from its reply; any other head is pushed a hint, once per
 -- head and time, and only if the event is nearer than the heartbeat by which
 -- it looks again anyway.
 function P:hint(t, self_lid)
-  local wake = self.nd
+  local wake = self.nh
   if wake >= 1e15 then
     return
   end
@@ -468,14 +509,13 @@ function P:grant(t, best, self_lid)
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
     cid = t.c, pickup = '0', res = name,
   }
-  local check = deadline
   if t.l ~= self_lid then
     L.pickup = '1'
-    check = math.min(self.now + self.PICKUP_MS, deadline)
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))
+    self:schedule(self.PICK, self.now + self.PICKUP_MS, t.l)
   end
   self:lease_save(t.l, L)
-  self:schedule(self.EXP, check, t.l)
+  self:schedule(self.EXP, deadline, t.l)
 
   if binding then
     if binding == 'hit' then
@@ -506,7 +546,7 @@ function P:dispatch(self_lid)
     local best = redis.call('ZRANGE', self.FREE, 0, 0)[1]
     -- Nobody can be served: only the head needs telling, and (unless it is
     -- the caller) only of an event nearer than its heartbeat.
-    if not best and not self_lid and self.nd > self.now + self.HORIZON_MS then
+    if not best and not self_lid and self.nh > self.now + self.HORIZON_MS then
       return nil
     end
     local t = self:peek()

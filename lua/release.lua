@@ -1,15 +1,21 @@
 -- release: end a lease and hand the slot to the next waiter in the same run.
 --
--- ARGV: lid, ticket, quarantine_ms ('' for none)
+-- ARGV: lid, ticket, quarantine_ms ('' for none), unclaimed ('1': only if
+--       nobody took the grant yet; a reader releasing a grant whose waiter
+--       left, which may have been handed it in a reply meanwhile)
 -- Reply: {'released'} | {'lost'}   the lease had already ended (expired,
 --        revoked, released before): nothing was changed on its behalf
-local lid, ticket, quarantine = ARGV[1], ARGV[2], ARGV[3]
+--      | {'claimed'}               unclaimed was asked, and it was claimed
+local lid, ticket, quarantine, unclaimed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 P:maintain()
 local L = P:lease_load(lid)
 if not L or L.ticket ~= ticket then
   P:dispatch(nil)
   return {'lost'}
+end
+if unclaimed == '1' and L.pickup ~= '1' then
+  return {'claimed'}
 end
 local r = P:end_lease(lid, L)
 -- Past its deadline (not yet reclaimed) or void: it was not live any more.

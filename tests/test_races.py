@@ -154,6 +154,31 @@ def test_stale_signals_are_rechecked_not_trusted(pool: FairAllocator, client: An
     assert waiter.done and waiter.value.resource == "r"
 
 
+def test_a_grant_popped_late_by_the_reader_is_not_released_under_its_holder(
+    pool: FairAllocator, client: Any
+) -> None:
+    """5. The reader pops a grant message, but before it routes it, the
+    waiter is handed the same lease by a poll and leaves. The late message
+    must not release the lease its owner now holds."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = Stepper(pool)
+    queued(waiter)  # enqueued; its reader has not started yet
+    pool.release(held)  # grants the waiter: a message on its client's list
+    key = pool._pool.signal_key(pool._pool.client_id)
+    message = client.lpop(key)  # a reader that popped it and then stalled
+    assert message is not None
+    waiter.nudge()
+    waiter.run_step()  # the waiter looks again ...
+    assert isinstance(waiter.step, Call) and waiter.step.script == "poll"
+    waiter.run_step()  # ... and is handed its lease in the poll's reply
+    assert waiter.done and waiter.value.resource == "r"
+    pool._get_router().unregister(waiter.flow.lid)
+    pool._get_router()._route(message)  # the stalled reader routes it now
+    assert pool.status().leased == 1
+    assert pool.release(waiter.value) is True
+
+
 def test_idle_pool_release_racing_arrival(pool: FairAllocator) -> None:
     """6. Release with an empty queue racing a new arrival: both end well."""
     pool.extend(["r"])
