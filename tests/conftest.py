@@ -16,22 +16,18 @@ once for both.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import os
-import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
+from helpers import LoopThread, SyncView
 
 from allocator import AsyncFairAllocator, FairAllocator
 from allocator._server import RedisServer, find_redis_server
-
-T = TypeVar("T")
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -81,61 +77,6 @@ def redis_url() -> str:
 @pytest.fixture
 def pool_name() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
-
-
-# -- an event loop in a thread, to drive async allocators from sync tests ---
-
-
-class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = 60) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        async def drain() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        self.run(drain())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
-
-
-class SyncView:
-    """An AsyncFairAllocator seen through FairAllocator's blocking API."""
-
-    def __init__(self, apool: AsyncFairAllocator, loop: LoopThread) -> None:
-        self.inner = apool
-        self._loop = loop
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if inspect.iscoroutinefunction(attr):
-
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return self._loop.run(attr(*args, **kwargs))
-
-            return call
-        return attr
-
-    @contextlib.contextmanager
-    def lease(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        manager = self.inner.lease(*args, **kwargs)
-        held = self._loop.run(manager.__aenter__())
-        try:
-            yield held
-        except BaseException as exc:
-            if not self._loop.run(manager.__aexit__(type(exc), exc, exc.__traceback__)):
-                raise
-        else:
-            self._loop.run(manager.__aexit__(None, None, None))
 
 
 # -- clients and pools ---------------------------------------------------------

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from allocator import FairAllocator
+from allocator import AsyncFairAllocator, FairAllocator
 from allocator._core import RECHECK, Call, Sleep, Wait
 
 
@@ -95,3 +98,75 @@ class Stepper:
         """Deliver an exception at the current step (as a timeout or a
         KeyboardInterrupt would), and return the step the flow asks for."""
         return self._advance(throw=exc)
+
+
+# -- an event loop in a thread, to drive async allocators from sync tests ---
+
+
+class LoopThread:
+    """An event loop in a daemon thread. What the loop reports to its
+    exception handler (a task that died with nobody awaiting it, such as an
+    allocator's router) is kept in ``errors``, not logged: logging would
+    format a traceback from inside the garbage collector."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.errors: list[str] = []
+        self.loop.set_exception_handler(
+            lambda loop, context: self.errors.append(
+                f"{context.get('message')}: {context.get('exception')!r} "
+                f"({context.get('task') or context.get('future')})"
+            )
+        )
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any, timeout: float | None = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def drain(self) -> None:
+        """Cancel every task still on the loop (an allocator's router)."""
+
+        async def drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(drain())
+
+    def close(self) -> None:
+        self.drain()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class SyncView:
+    """An AsyncFairAllocator seen through FairAllocator's blocking API."""
+
+    def __init__(self, apool: AsyncFairAllocator, loop: LoopThread) -> None:
+        self.inner = apool
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if inspect.iscoroutinefunction(attr):
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return self._loop.run(attr(*args, **kwargs))
+
+            return call
+        return attr
+
+    @contextlib.contextmanager
+    def lease(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        manager = self.inner.lease(*args, **kwargs)
+        held = self._loop.run(manager.__aenter__())
+        try:
+            yield held
+        except BaseException as exc:
+            if not self._loop.run(manager.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self._loop.run(manager.__aexit__(None, None, None))

@@ -15,10 +15,8 @@ a client blocked on a node, a counter on a node), never by sleeping.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
-import inspect
 import os
 import shutil
 import threading
@@ -31,7 +29,7 @@ import redis
 import redis.asyncio.cluster
 import redis.cluster
 from _cluster import LocalCluster, Node
-from helpers import wait_until
+from helpers import LoopThread, SyncView, wait_until
 from redis.cluster import key_slot
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease, UnknownResource
@@ -65,64 +63,6 @@ FLAVOURS = [
     ("async", 3, False),
     ("async", 2, True),
 ]
-
-
-class LoopThread:
-    """An event loop in a daemon thread. What the loop reports to its
-    exception handler (a task that died with nobody awaiting it, such as an
-    allocator's router) is kept in ``errors``, not logged: logging would
-    format a traceback from inside the garbage collector."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.errors: list[str] = []
-        self.loop.set_exception_handler(
-            lambda loop, context: self.errors.append(
-                f"{context.get('message')}: {context.get('exception')!r} "
-                f"({context.get('task') or context.get('future')})"
-            )
-        )
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Any, timeout: float | None = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def drain(self) -> None:
-        """Cancel every task still on the loop (an allocator's router)."""
-
-        async def drain() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        self.run(drain())
-
-    def close(self) -> None:
-        self.drain()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
-
-
-class AsyncView:
-    """An AsyncFairAllocator seen through FairAllocator's blocking API: each
-    call runs as a task on the helper loop."""
-
-    def __init__(self, inner: AsyncFairAllocator, loop: LoopThread) -> None:
-        self.inner = inner
-        self.loop = loop
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if inspect.iscoroutinefunction(attr):
-
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return self.loop.run(attr(*args, **kwargs))
-
-            return call
-        return attr
 
 
 class Env:
@@ -160,10 +100,10 @@ class Env:
 
     def pool(self, name: str, **kwargs: Any) -> Any:
         """A FairAllocator on its own client, or an AsyncFairAllocator (on its
-        own client) behind an AsyncView: one per simulated process."""
+        own client) behind an SyncView: one per simulated process."""
         if self.loop is None:
             return FairAllocator(self.sync_client(), name, **kwargs)
-        return AsyncView(AsyncFairAllocator(self.async_client(), name, **kwargs), self.loop)
+        return SyncView(AsyncFairAllocator(self.async_client(), name, **kwargs), self.loop)
 
     def close(self) -> None:
         # Cancel the routers first: an async cluster client closed under a
