@@ -9,10 +9,10 @@ a second keeps all of them alive in the queue.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import (
     Any,
     Literal,
@@ -20,12 +20,12 @@ from typing import (
     overload,
 )
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
-from ._scripts import scripts
-from ._sync import heartbeat_for
+from ._scripts import Scripts, scripts
+from ._sync import heartbeat_for, is_cluster
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
@@ -34,6 +34,57 @@ __all__ = ["AsyncFairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
+
+
+async def _call(client: Any, scripts: Scripts, call: Call[T]) -> T:
+    """Run a script call and parse its reply (no retries: the caller's)."""
+    return call.parse(await _step(client, scripts, call, None))
+
+
+async def _step(
+    client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reader] | None
+) -> Any:
+    """Same as the sync shell's ``_step``, awaitable."""
+    if isinstance(step, Call):
+        sha = scripts.sha[step.script]
+        try:
+            return await client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+        except NoScriptError:
+            await client.script_load(scripts.text[step.script])
+            return await client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+    if isinstance(step, Wait):
+        assert reader is not None, "a Wait step needs a reader"
+        return await reader().wait(step.lid, step.timeout)
+    if isinstance(step, Command):
+        return await client.execute_command(*step.args)
+    await asyncio.sleep(step.seconds)
+    return None
+
+
+async def _drive(steps: Flow[T], run: Callable[[Step], Awaitable[Any]]) -> T:
+    """Same as the sync shell's ``_drive``, awaitable."""
+    task = asyncio.current_task()
+    cancels = _cancelling(task)
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply, error = None, None
+        try:
+            reply = await run(step)
+            # redis-py's asyncio client finishes a command that a
+            # cancellation interrupted and returns its reply, swallowing
+            # the CancelledError (redis/redis-py#2028, #2666). The task
+            # still counts the request: deliver it, so that a cancelled
+            # acquire leaves the queue instead of waiting on.
+            if _cancelling(task) > cancels:
+                cancels = _cancelling(task)
+                raise asyncio.CancelledError()
+        except BaseException as exc:  # handed to the flow, which decides
+            error = exc
 
 
 class AsyncFairAllocator:
@@ -56,8 +107,6 @@ class AsyncFairAllocator:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
         self._client = client
         self._scripts = scripts()
-        self._heartbeat = heartbeat_for(client)
-        self._router: _Router | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._pool.name!r}, prefix={self._pool.prefix!r})"
@@ -73,49 +122,13 @@ class AsyncFairAllocator:
     # -- the driver -----------------------------------------------------------
 
     async def _drive(self, steps: Flow[T]) -> T:
-        task = asyncio.current_task()
-        cancels = _cancelling(task)
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            reply, error = None, None
-            try:
-                reply = await self._step(step)
-                # redis-py's asyncio client finishes a command that a
-                # cancellation interrupted and returns its reply, swallowing
-                # the CancelledError (redis/redis-py#2028, #2666). The task
-                # still counts the request: deliver it, so that a cancelled
-                # acquire leaves the queue instead of waiting on.
-                if _cancelling(task) > cancels:
-                    cancels = _cancelling(task)
-                    raise asyncio.CancelledError()
-            except BaseException as exc:  # handed to the flow, which decides
-                error = exc
+        return await _drive(steps, self._step)
 
     async def _step(self, step: Step) -> Any:
-        if isinstance(step, Call):
-            sha = self._scripts.sha[step.script]
-            try:
-                return await self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-            except NoScriptError:
-                await self._client.script_load(self._scripts.text[step.script])
-                return await self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-        if isinstance(step, Wait):
-            return await self._get_router().wait(step.lid, step.timeout)
-        if isinstance(step, Command):
-            return await self._client.execute_command(*step.args)
-        await asyncio.sleep(step.seconds)
-        return None
+        return await _step(self._client, self._scripts, step, self._reader)
 
-    def _get_router(self) -> _Router:
-        loop = asyncio.get_running_loop()
-        if self._router is None or self._router.loop is not loop:
-            self._router = _Router(self, loop)
-        return self._router
+    def _reader(self) -> _Reader:
+        return reader_for(self._client, self._pool)
 
     # -- leasing --------------------------------------------------------------
 
@@ -149,13 +162,13 @@ class AsyncFairAllocator:
     ) -> Lease | None:
         """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
         Cancelling the task leaves the queue."""
-        flow = self._pool.acquire(timeout, ttl, bind, blocking)
-        router = self._get_router()
-        router.register(flow.lid)
+        reader = self._reader()
+        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid)
+        reader.register(self._pool, flow.lid)
         try:
             return await self._drive(flow.steps)
         finally:
-            router.unregister(flow.lid)
+            reader.unregister(flow.lid)
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -232,111 +245,166 @@ def _cancelling(task: asyncio.Task[Any] | None) -> int:
     return int(counter()) if counter is not None else 0
 
 
-class _Router:
-    """One blocking reader per allocator and event loop.
+class _Reader:
+    """Same as the sync shell's reader, as a task: the one blocking reader of
+    an asyncio Redis client in one event loop (of a cluster client: per hash
+    slot), for every pool whose waiters use that client. It ends when nobody
+    is left to wait or to acknowledge, after its current read (it is not
+    cancelled: a read cut short would cost the connection)."""
 
-    It pops the client's signal list and hands each message to the waiter it
-    names. A grant for a waiter that already left is released, so that it
-    passes on at once instead of after the pick-up window. Once a heartbeat
-    interval it runs the client-level poll that keeps all local waiters
-    alive; if the pool's epoch changed (its data was lost) or the loop was
-    stalled past the liveness window, every waiter checks its ticket.
-    The reader ends when no waiter is left.
-    """
-
-    def __init__(self, owner: AsyncFairAllocator, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._owner = owner
-        self._pool = owner._pool
-        self._key = self._pool.signal_key(self._pool.client_id)
-        self._queues: dict[str, asyncio.Queue[Any]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._client = client
+        self._scripts = scripts()
+        self._cluster = is_cluster(client)
+        self.hub = _core.Hub(heartbeat_for(client) if self._cluster else _core.HEARTBEAT)
+        self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
-        self._epoch: str | None = None
-        # Waiters that have waited, probed in turn (O(1) add, remove, rotate).
-        self._probes: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._conn: Any = None
 
-    def register(self, lid: str) -> None:
-        self._queues[lid] = asyncio.Queue()
+    @property
+    def cid(self) -> str:
+        return self.hub.cid
+
+    def register(self, pool: Pool, lid: str) -> None:
+        self.hub.register(pool, lid, asyncio.Queue())
 
     def unregister(self, lid: str) -> None:
-        self._queues.pop(lid, None)
-        self._probes.pop(lid, None)
-        if not self._queues and self._reader is not None:
-            # Nobody left to route to: stop reading now, so that the reader
-            # holds no connection of a client its owner may be closing. A
-            # grant it may have popped in flight belongs to a waiter whose
-            # cancel script already passed that grant on.
-            self._reader.cancel()
-            self._reader = None
-
-    def _next_probe(self) -> str:
-        if not self._probes:
-            return ""
-        lid = next(iter(self._probes))
-        self._probes.move_to_end(lid)
-        return lid
+        self.hub.unregister(lid)
 
     async def wait(self, lid: str, timeout: float | None) -> Any:
-        self._probes[lid] = None
-        if self._reader is None:
-            self._reader = self.loop.create_task(self._read())
-        queue = self._queues[lid]
+        inbox = self.hub.inbox(lid)
+        if self._task is None:
+            self._task = self.loop.create_task(self._run())
         try:
-            return await asyncio.wait_for(queue.get(), timeout)
+            return await asyncio.wait_for(inbox.get(), timeout)
         except TimeoutError:
             return None
 
-    def _recheck_all(self) -> None:
-        for queue in self._queues.values():
-            queue.put_nowait(_core.RECHECK)
-
-    def _route(self, message: Any) -> None:
-        queue = self._queues.get(self._pool.message_target(message))
-        if queue is not None:
-            queue.put_nowait(message)
-            return
-        release = self._pool.release_message(message)
-        if release is not None:
-            chore = self.loop.create_task(self._owner._drive(self._pool._single(release)))
-            self._chores.add(chore)
-            chore.add_done_callback(self._chores.discard)
-
-    async def _read(self) -> None:
-        client, interval = self._owner._client, self._owner._heartbeat
-        me = asyncio.current_task()
-        last_beat = self.loop.time()
+    async def _run(self) -> None:
+        hub = self.hub
         delay = 0.05
         try:
-            while self._queues and me is self._reader:
+            while not hub.idle:
                 try:
-                    now = self.loop.time()
-                    if now - last_beat >= interval:
-                        beat = self._pool.heartbeat(self._key, self._next_probe())
-                        epoch, probe_ok = await self._owner._drive(self._pool._single(beat))
-                        silent = now - last_beat
-                        if self._pool.recheck_after_beat(epoch, self._epoch, probe_ok, silent):
-                            self._recheck_all()
-                        self._epoch, last_beat = epoch, now
-                    timeout = max(0.01, interval - (self.loop.time() - last_beat))
-                    popped = await client.blpop([self._key], timeout=timeout)
-                    if popped is not None:
-                        self._route(popped[1])
+                    if hub.beat_in(self.loop.time()) <= 0:
+                        beats = hub.beats()
+                        results = [
+                            (key, await _call(self._client, self._scripts, call))
+                            for key, call in beats
+                        ]
+                        inboxes, again = hub.beaten(self.loop.time(), results)
+                        for inbox in inboxes:
+                            inbox.put_nowait(_core.RECHECK)
+                        if again:
+                            continue
+                    acks, keys = hub.plan()
+                    block = max(0.01, hub.beat_in(self.loop.time()))
+                    popped = await self._exchange(acks, keys, block)
+                    hub.acked(acks)
+                    for key, message in popped:
+                        inbox, release = hub.route(key, message)
+                        if inbox is not None:
+                            inbox.put_nowait(message)
+                        elif release is not None:
+                            chore = self.loop.create_task(_drive(Pool._single(release), self._step))
+                            self._chores.add(chore)
+                            chore.add_done_callback(self._chores.discard)
                     delay = 0.05
                 except _core.TRANSIENT_ERRORS:
+                    await self._drop_connection()
+                    if hub.idle:
+                        return
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
                 except Exception:
+                    await self._drop_connection()
+                    if hub.idle:  # its client was closed under it, say
+                        return
                     # Never die silently with waiters parked on it: have each
                     # look by itself (its own call shows the error), back off.
                     _log.warning("allocator: waiting-list reader failed", exc_info=True)
-                    self._recheck_all()
+                    for inbox in hub.all_inboxes():
+                        inbox.put_nowait(_core.RECHECK)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
+        except asyncio.CancelledError:
+            # The loop is shutting down: a read cut short leaves its
+            # connection unusable.
+            await self._drop_connection()
+            raise
         finally:
-            # A reader detached by unregister() must not clear its successor.
-            if self._reader is me:
-                self._reader = None
+            if self._task is asyncio.current_task():
+                self._task = None
+            await self._release_connection()
+
+    async def _step(self, step: Step) -> Any:
+        return await _step(self._client, self._scripts, step, None)
+
+    async def _exchange(
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
+    ) -> list[tuple[Any, Any]]:
+        """Same as the sync reader's round: one round trip."""
+        client = self._client
+        if self._cluster:
+            for pick, lids in acks:
+                await client.zrem(pick, *lids)
+            if not keys:
+                return []
+            first = await client.blpop(keys, timeout=block)
+            rest = [(key, await client.lpop(key, _core.BATCH)) for key in keys] if first else []
+            return _core.popped(first, rest)
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await _get_connection(client.connection_pool)
+        commands = _core.round_commands(acks, keys, block)
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response(timeout=block + _core.READ_SLACK))
+            except ResponseError as exc:
+                replies.append(exc)
+        return _core.round_replies(commands, replies)
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+            with contextlib.suppress(Exception):
+                await self._client.connection_pool.release(conn)
+
+    async def _release_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self._client.connection_pool.release(conn)
+
+
+async def _get_connection(pool: Any) -> Any:
+    """A connection of the client's own pool (redis-py < 5.3 wants a command name)."""
+    try:
+        return await pool.get_connection()
+    except TypeError:
+        return await pool.get_connection("BLPOP")
+
+
+_REGISTRY: weakref.WeakKeyDictionary[Any, dict[tuple[int, int | None], _Reader]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def reader_for(client: Any, pool: Pool) -> _Reader:
+    """The reader of ``client`` in the running event loop (of a cluster
+    client: for the pool's slot), made on first use."""
+    loop = asyncio.get_running_loop()
+    where = (id(loop), pool.slot if is_cluster(client) else None)
+    readers = _REGISTRY.setdefault(client, {})
+    reader = readers.get(where)
+    if reader is None or reader.loop is not loop:
+        reader = readers[where] = _Reader(client, loop)
+    return reader
 
 
 class _Keeper:
@@ -361,6 +429,12 @@ class _Keeper:
 
     async def stop(self) -> LeaseLost | None:
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await self._task
+        except asyncio.CancelledError:
+            # The keeper's own cancellation ends here; one aimed at the
+            # caller (who is awaiting this) goes on.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
         return self._lost

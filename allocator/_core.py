@@ -18,9 +18,9 @@ leave the queue before the exception goes on.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
-import os
 import secrets
 import time
 import warnings
@@ -33,6 +33,7 @@ from typing import (
 )
 
 import attrs
+from redis.crc import key_slot
 from redis.exceptions import ClusterError, ReadOnlyError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -46,6 +47,7 @@ __all__ = [
     "Call",
     "Command",
     "Flow",
+    "Hub",
     "Pool",
     "Sleep",
     "Step",
@@ -59,10 +61,18 @@ T = TypeVar("T")
 #: under redis-py's default socket timeout (5 s), so that a blocking read
 #: never trips it.
 HEARTBEAT = 1.0
-#: A client whose reader has not refreshed its mark for this long counts as
-#: gone: its tickets are dropped from the queue. Several heartbeats, so that
-#: one slow round trip does not cost a live waiter its place.
+#: The longest silence a client's reader may keep (a stalled event loop, a
+#: C call holding the GIL, a paused process) without its waiters losing
+#: their place or a grant pushed to them. Each refresh marks the client
+#: alive for ALIVE plus one heartbeat, the longest gap between refreshes.
+#: Past that, the client counts as gone: its tickets are dropped from the
+#: queue and grants it has not acknowledged are taken back.
 ALIVE = 4.0
+#: Messages a reader pops from one signal list per round trip.
+BATCH = 256
+#: Delivered grants a hub remembers, so that a grant message it sees again
+#: (put back on the list after a lost reply) is not taken for a stray one.
+RECENT = 4096
 #: Resources per script run in extend/remove, so one huge call does not
 #: block the server for long; each run leaves the pool consistent.
 CHUNK = 500
@@ -70,6 +80,9 @@ CHUNK = 500
 GC_COUNT = 100
 #: Own retries of a single-call operation on a transport error.
 ATTEMPTS = 3
+
+#: The liveness mark a refresh sets, in ms (see ALIVE).
+ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
 
 MAX_NAME = 200
 MAX_RESOURCE = 1024
@@ -91,7 +104,7 @@ TRANSIENT_ERRORS = (
 
 KEY_SUFFIXES = (
     "meta", "res", "gone", "free", "park", "q", "recs", "exp", "bind", "bexp", "alive", "rlog",
-    "pick",
+    "pick", "held",
 )  # fmt: skip
 
 
@@ -235,8 +248,6 @@ class Pool:
     lease_ttl: float
     bind_ttl: float
     keys: tuple[str, ...]
-    _pid: int = attrs.field(default=0, repr=False)
-    _cid: str = attrs.field(default="", repr=False)
     _policy_checked: bool = attrs.field(default=False, repr=False)
 
     @classmethod
@@ -256,16 +267,9 @@ class Pool:
     # -- identity -----------------------------------------------------------
 
     @property
-    def client_id(self) -> str:
-        """This process's id in the pool's liveness marks.
-
-        A new one after ``fork``: a child must not keep its parent's waiters
-        alive, nor be kept alive by them.
-        """
-        pid = os.getpid()
-        if self._pid != pid:
-            self._pid, self._cid = pid, secrets.token_urlsafe(9)
-        return self._cid
+    def slot(self) -> int:
+        """The Redis Cluster hash slot of every key of the pool."""
+        return int(key_slot(self.keys[0].encode("utf-8")))
 
     def signal_key(self, suffix: str) -> str:
         return self.keys[-1] + suffix
@@ -313,6 +317,10 @@ class Pool:
             target, _, delay = rest.partition("|")
             if target == lid:
                 return int(delay) / 1000
+        elif kind == "x" and rest == lid:
+            # The grant was taken back while this client looked gone: the
+            # waiter must look again (and queue again) at once.
+            return RECHECK
         return None
 
     def _check_lease(self, lease: object) -> Lease:
@@ -348,8 +356,9 @@ class Pool:
                 continue
             return call.parse(reply)
 
-    def _single(self, call: Call[T]) -> Flow[T]:
-        return (yield from self._retrying(call, attempts=ATTEMPTS))
+    @staticmethod
+    def _single(call: Call[T]) -> Flow[T]:
+        return (yield from Pool._retrying(call, attempts=ATTEMPTS))
 
     def _check_policy(self) -> Flow[None]:
         """Warn (once per allocator) if the server may evict the pool's keys.
@@ -380,24 +389,33 @@ class Pool:
 
     # -- acquire --------------------------------------------------------------
 
-    def acquire(self, timeout: object, ttl: object, bind: object, blocking: object) -> Acquire:
+    def acquire(
+        self, timeout: object, ttl: object, bind: object, blocking: object, *, cid: str
+    ) -> Acquire:
         """Check the arguments and build an acquire: its steps, and the lease
-        id under which the client's reader routes messages to it."""
+        id under which the client's reader routes messages to it. ``cid`` is
+        the client id of the reader (:class:`Hub`) that serves it."""
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
         wait = _timeout(timeout)
         ttl_ms = self._ttl_ms(ttl)
         bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
         lid = secrets.token_urlsafe(16)
-        return Acquire(lid=lid, steps=self._acquire(lid, wait, ttl_ms, bind_name, blocking))
+        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking)
+        return Acquire(lid=lid, steps=steps)
 
     def _acquire(
-        self, lid: str, timeout: float | None, ttl_ms: int, bind: str | None, blocking: bool
+        self,
+        lid: str,
+        cid: str,
+        timeout: float | None,
+        ttl_ms: int,
+        bind: str | None,
+        blocking: bool,
     ) -> Flow[Lease | None]:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        cid = self.client_id
-        alive_ms = _ms(ALIVE)
+        alive_ms = ALIVE_MS
         own = (*self.keys, self.signal_key(cid))
         enqueue: Call[State] = Call(
             "acquire",
@@ -606,45 +624,49 @@ class Pool:
         )
 
     def gc(self) -> Flow[GCReport]:
-        def parse(reply: Any) -> tuple[list[int], str, str, bool]:
+        def parse(reply: Any) -> tuple[list[int], str, str, str, bool]:
             tag, rest = _tagged("gc", reply)
-            if tag != "gc" or len(rest) != 8:
+            if tag != "gc" or len(rest) != 10:
                 raise _unexpected("gc", reply)
-            counts = [int(x) for x in rest[:5]]
-            return counts, _decode(rest[5]), _decode(rest[6]), int(rest[7]) == 1
+            counts = [int(x) for x in rest[:6]]
+            pel, queue, res = (_decode(x) for x in rest[6:9])
+            return counts, pel, queue, res, int(rest[9]) == 1
 
         yield from self._check_policy()
-        totals = [0] * 5
-        pel, queue = "0-0", ""
-        # Each step is bounded; the cursors walk the pending list and the
-        # queue once, so the loop ends even while the pool is busy.
+        totals = [0] * 6
+        pel, queue, res = "0-0", "", "0"
+        # Each step is bounded; the cursors walk the pending list, the queue
+        # and the resources once, so the loop ends even while the pool is busy.
         for _ in range(100_000):
-            call = Call("gc", self.keys, (pel, queue, GC_COUNT), parse)
-            counts, pel, queue, more = yield from self._single(call)
-            totals = [a + b for a, b in zip(totals, counts, strict=False)]
-            if pel == "0-0" and queue == "" and not more:
+            call = Call("gc", self.keys, (pel, queue, res, GC_COUNT), parse)
+            counts, pel, queue, res, more = yield from self._single(call)
+            totals = [a + b for a, b in zip(totals, counts, strict=True)]
+            if pel == "0-0" and queue == "" and res == "" and not more:
                 break
-        reclaimed, dropped, expired, unparked, orphans = totals
+        reclaimed, dropped, expired, unparked, orphans, repaired = totals
         return GCReport(
             reclaimed=reclaimed,
             dropped_waiters=dropped,
             expired_bindings=expired,
             unparked=unparked,
             orphans=orphans,
+            repaired=repaired,
         )
 
-    def heartbeat(self, key: str, probe: str) -> Call[tuple[str, bool]]:
-        """The client-level poll of a reader: keeps all of this client's
-        waiters alive, and returns the pool's epoch and whether waiter
-        ``probe``'s ticket is still in the queue."""
+    def heartbeat(self, cid: str, probe: str) -> Call[tuple[str, bool, bool]]:
+        """The client-level poll of a reader: keeps all of client ``cid``'s
+        waiters alive, and returns the pool's epoch, whether waiter
+        ``probe``'s ticket is still in the queue, and whether dead tickets
+        are left at the head (then the reader beats again at once)."""
 
-        def parse(reply: Any) -> tuple[str, bool]:
+        def parse(reply: Any) -> tuple[str, bool, bool]:
             tag, rest = _tagged("poll", reply)
-            if tag != "alive" or len(rest) != 2:
+            if tag != "alive" or len(rest) != 3:
                 raise _unexpected("poll", reply)
-            return _decode(rest[0]), int(rest[1]) == 1
+            return _decode(rest[0]), int(rest[1]) == 1, int(rest[2]) == 1
 
-        return Call("poll", (*self.keys, key), ("", self.client_id, _ms(ALIVE), probe), parse)
+        own = (*self.keys, self.signal_key(cid))
+        return Call("poll", own, ("", cid, ALIVE_MS, probe), parse)
 
     @staticmethod
     def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, silent: float) -> bool:
@@ -683,3 +705,208 @@ class Acquire:
 
     lid: str
     steps: Flow[Lease | None] = attrs.field(repr=False)
+
+
+# --------------------------------------------------------------------------
+# The reader's decisions
+# --------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Served:
+    """A pool whose waiters a hub serves: its signal list for the hub's
+    client, the waiters (probed in turn), grants delivered but not yet
+    acknowledged, and the pool's epoch last seen."""
+
+    pool: Pool
+    key: str
+    lids: collections.OrderedDict[str, None] = attrs.field(factory=collections.OrderedDict)
+    acks: list[str] = attrs.field(factory=list)
+    epoch: str | None = None
+
+
+class Hub:
+    """What the reader of one client (one per Redis client and process, and
+    per event loop for asyncio) decides, for every pool it serves. Pure:
+    the shells' readers carry out its plans with a thread or a task, and the
+    sync one holds a lock around every call.
+
+    One round of a reader: send the acknowledgements of the grants it
+    delivered last round (``ZREM`` of their lease ids from each pool's
+    ``pick``), block on the signal lists of the pools that have waiters,
+    pop what else is there (``BLPOP`` then ``LPOP key BATCH`` per list, in
+    one round trip), and route each message to the waiter it names. Once a
+    heartbeat interval, a poll per pool keeps the client's waiters alive.
+    """
+
+    def __init__(self, heartbeat: float) -> None:
+        #: The client's id in the pools' liveness marks and signal lists. A
+        #: hub lives in one process: a forked child makes its own.
+        self.cid = secrets.token_urlsafe(9)
+        self.heartbeat = heartbeat
+        self._waiters: dict[str, tuple[_Served, Any]] = {}
+        self._served: dict[str, _Served] = {}
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._last_beat: float | None = None
+
+    # -- waiters ------------------------------------------------------------
+
+    def register(self, pool: Pool, lid: str, inbox: Any) -> None:
+        key = pool.signal_key(self.cid)
+        served = self._served.get(key)
+        if served is None:
+            served = self._served[key] = _Served(pool, key)
+        served.lids[lid] = None
+        self._waiters[lid] = (served, inbox)
+
+    def unregister(self, lid: str) -> None:
+        # The pool stays known (a few strings per pool): a grant popped
+        # after its waiter left must still be released.
+        entry = self._waiters.pop(lid, None)
+        if entry is not None:
+            entry[0].lids.pop(lid, None)
+
+    def inbox(self, lid: str) -> Any:
+        return self._waiters[lid][1]
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to wait for and nothing to acknowledge: the reader stops."""
+        return not self._waiters and not any(s.acks for s in self._served.values())
+
+    # -- a round ------------------------------------------------------------
+
+    def beat_in(self, now: float) -> float:
+        """Seconds until the next heartbeat is due (<= 0: now)."""
+        if self._last_beat is None:
+            self._last_beat = now
+        return self.heartbeat - (now - self._last_beat)
+
+    def beats(self) -> list[tuple[str, Call[tuple[str, bool, bool]]]]:
+        """The heartbeat of each pool with waiters, probing one of them in turn."""
+        calls = []
+        for served in self._served.values():
+            if served.lids:
+                probe = next(iter(served.lids))
+                served.lids.move_to_end(probe)
+                calls.append((served.key, served.pool.heartbeat(self.cid, probe)))
+        return calls
+
+    def beaten(
+        self, now: float, results: list[tuple[str, tuple[str, bool, bool]]]
+    ) -> tuple[list[Any], bool]:
+        """After the heartbeats: the inboxes to tell to look again, and
+        whether to beat again at once (dead tickets left at a pool's head).
+
+        A pool's waiters look again if its epoch changed (its data was
+        lost), if the probed waiter's ticket vanished, or if the reader was
+        silent past the liveness window (its client may have been taken for
+        gone, its tickets dropped, its grants taken back)."""
+        silent = now - (self._last_beat if self._last_beat is not None else now)
+        self._last_beat = now
+        inboxes: list[Any] = []
+        again = False
+        for key, (epoch, probe_ok, more) in results:
+            served = self._served.get(key)
+            if served is None:
+                continue
+            if Pool.recheck_after_beat(epoch, served.epoch, probe_ok, silent):
+                inboxes += [self._waiters[lid][1] for lid in served.lids]
+            served.epoch = epoch
+            again = again or more
+        return inboxes, again
+
+    def all_inboxes(self) -> list[Any]:
+        return [inbox for _, inbox in self._waiters.values()]
+
+    def plan(self) -> tuple[list[tuple[str, list[str]]], list[str]]:
+        """This round's acknowledgements (``pick`` key, lease ids) and the
+        signal lists to block on."""
+        acks = [(s.pool.keys[PICK], list(s.acks)) for s in self._served.values() if s.acks]
+        keys = [s.key for s in self._served.values() if s.lids]
+        return acks, keys
+
+    def acked(self, acks: list[tuple[str, list[str]]]) -> None:
+        """The acknowledgements of ``plan`` reached the server."""
+        sent = {pick: set(lids) for pick, lids in acks}
+        for served in self._served.values():
+            done = sent.get(served.pool.keys[PICK])
+            if done:
+                served.acks = [lid for lid in served.acks if lid not in done]
+
+    def route(self, key: Any, message: Any) -> tuple[Any, Call[Any] | None]:
+        """Where a popped message goes: ``(inbox, None)`` to deliver it to
+        its waiter, ``(None, call)`` to release a grant whose waiter left
+        (only while nobody claimed it), or ``(None, None)`` to drop it.
+        A delivered grant is acknowledged in the next round."""
+        served = self._served.get(_decode(key))
+        if served is None:
+            return None, None
+        pool = served.pool
+        text = _decode(message)
+        lid = Pool.message_target(text)
+        grant = text.startswith("g|")
+        entry = self._waiters.get(lid)
+        if entry is not None and entry[0] is served:
+            if grant:
+                self._remember(served, lid)
+            return entry[1], None
+        if grant:
+            if lid in self._recent:
+                # Delivered already: this is a copy put back after a lost
+                # reply. Acknowledge it again; never release it.
+                served.acks.append(lid)
+                return None, None
+            return None, pool.release_message(text)
+        return None, None
+
+    def _remember(self, served: _Served, lid: str) -> None:
+        served.acks.append(lid)
+        self._recent[lid] = None
+        if len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
+
+
+#: Positions in Pool.keys.
+PICK = KEY_SUFFIXES.index("pick")
+#: How much longer than its blocking time a reader waits for its round's
+#: reply before it takes the connection for dead (a lost reply costs no
+#: grant: one not acknowledged is put back on its list, see prelude.lua).
+READ_SLACK = 5.0
+
+
+def round_commands(
+    acks: list[tuple[str, list[str]]], keys: list[str], block: float
+) -> list[tuple[str | int, ...]]:
+    """The commands of a reader's round (see :class:`Hub`), for one pipeline."""
+    commands: list[tuple[str | int, ...]] = [("ZREM", pick, *lids) for pick, lids in acks]
+    if keys:
+        commands.append(("BLPOP", *keys, f"{block:.3f}"))
+        commands += [("LPOP", key, BATCH) for key in keys]
+    return commands
+
+
+def round_replies(
+    commands: list[tuple[str | int, ...]], replies: list[Any]
+) -> list[tuple[Any, Any]]:
+    """The messages a round popped, as ``(key, message)`` pairs in order.
+    An error reply (after all replies were read) is raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    at = next((i for i, c in enumerate(commands) if c[0] == "BLPOP"), None)
+    if at is None:
+        return []
+    keys = [c[1] for c in commands[at + 1 :]]
+    return popped(replies[at], list(zip(keys, replies[at + 1 :], strict=True)))
+
+
+def popped(first: Any, rest: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """A BLPOP reply (``[key, message]`` or None) and the LPOP replies after
+    it (``(key, [message, ...] or None)``), as ``(key, message)`` pairs."""
+    if not first:
+        return []
+    out = [(first[0], first[1])]
+    for key, messages in rest:
+        out += [(key, message) for message in messages or ()]
+    return out

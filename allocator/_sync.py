@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import logging
 import os
@@ -11,14 +10,15 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
-from ._scripts import scripts
+from ._scripts import Scripts, scripts
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
@@ -38,6 +38,52 @@ def heartbeat_for(client: Any) -> float:
     if isinstance(socket_timeout, (int, float)) and socket_timeout > 0:
         return max(0.01, min(_core.HEARTBEAT, socket_timeout / 2))
     return _core.HEARTBEAT
+
+
+def is_cluster(client: Any) -> bool:
+    """A Redis Cluster client (sync or asyncio)?"""
+    return hasattr(client, "nodes_manager")
+
+
+def _call(client: Any, scripts: Scripts, call: Call[T]) -> T:
+    """Run a script call and parse its reply (no retries: the caller's)."""
+    return call.parse(_step(client, scripts, call, None))
+
+
+def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reader] | None) -> Any:
+    """Carry out one step of a flow; ``reader`` gives the client's reader
+    for a Wait."""
+    if isinstance(step, Call):
+        sha = scripts.sha[step.script]
+        try:
+            return client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+        except NoScriptError:
+            client.script_load(scripts.text[step.script])
+            return client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+    if isinstance(step, Wait):
+        assert reader is not None, "a Wait step needs a reader"
+        return reader().wait(step.lid, step.timeout)
+    if isinstance(step, Command):
+        return client.execute_command(*step.args)
+    time.sleep(step.seconds)
+    return None
+
+
+def _drive(steps: Flow[T], run: Callable[[Step], Any]) -> T:
+    """Run a flow to its end. Errors of a step are thrown into the flow,
+    which decides (retry, leave the queue, raise)."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply, error = None, None
+        try:
+            reply = run(step)
+        except BaseException as exc:  # handed to the flow, which decides
+            error = exc
 
 
 class FairAllocator:
@@ -65,9 +111,6 @@ class FairAllocator:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
         self._client = client
         self._scripts = scripts()
-        self._heartbeat = heartbeat_for(client)
-        self._router: _Router | None = None
-        self._router_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._pool.name!r}, prefix={self._pool.prefix!r})"
@@ -83,39 +126,13 @@ class FairAllocator:
     # -- the driver: the only place that does I/O --------------------------
 
     def _drive(self, steps: Flow[T]) -> T:
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            reply, error = None, None
-            try:
-                reply = self._step(step)
-            except BaseException as exc:  # handed to the flow, which decides
-                error = exc
+        return _drive(steps, self._step)
 
     def _step(self, step: Step) -> Any:
-        if isinstance(step, Call):
-            sha = self._scripts.sha[step.script]
-            try:
-                return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-            except NoScriptError:
-                self._client.script_load(self._scripts.text[step.script])
-                return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-        if isinstance(step, Wait):
-            return self._get_router().wait(step.lid, step.timeout)
-        if isinstance(step, Command):
-            return self._client.execute_command(*step.args)
-        time.sleep(step.seconds)
-        return None
+        return _step(self._client, self._scripts, step, self._reader)
 
-    def _get_router(self) -> _Router:
-        with self._router_lock:
-            if self._router is None or self._router.pid != os.getpid():
-                self._router = _Router(self)
-            return self._router
+    def _reader(self) -> _Reader:
+        return reader_for(self._client, self._pool)
 
     # -- leasing --------------------------------------------------------------
 
@@ -161,13 +178,13 @@ class FairAllocator:
         Uncontended, this is one round trip to Redis; a waiter is woken by a
         push to its signal list, never by polling the pool.
         """
-        flow = self._pool.acquire(timeout, ttl, bind, blocking)
-        router = self._get_router()
-        router.register(flow.lid)
+        reader = self._reader()
+        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid)
+        reader.register(self._pool, flow.lid)
         try:
             return self._drive(flow.steps)
         finally:
-            router.unregister(flow.lid)
+            reader.unregister(flow.lid)
 
     @contextlib.contextmanager
     def lease(
@@ -271,58 +288,47 @@ class FairAllocator:
         return self._drive(self._pool.gc())
 
 
-class _Router:
-    """One blocking reader per allocator and process: a daemon thread.
-
-    It pops the client's signal list and hands each message to the waiter it
-    names, so waiting threads hold no connection (a bounded pool is not
-    exhausted by many waiters) and wait on the client's clock. A grant for a
-    waiter that already left is released, so that it passes on at once
-    instead of after the pick-up window. Once a heartbeat interval it runs
-    the client-level poll that keeps all local waiters alive; if the pool's
-    epoch changed or the reader was silent past the liveness window, every
-    waiter checks its ticket. The thread ends when no waiter is left.
+class _Reader:
+    """The one blocking reader of a Redis client in this process (of a
+    cluster client: per hash slot, since one blocking read can only wait on
+    keys of one slot), for every pool whose waiters use that client: a
+    daemon thread that carries out its :class:`~allocator._core.Hub`'s
+    rounds. Waiting threads hold no connection; the reader holds one of
+    the client's connections while anyone waits, and ends (returning it)
+    when nobody is left to wait or to acknowledge.
     """
 
-    def __init__(self, owner: FairAllocator) -> None:
-        self.pid = os.getpid()
-        self._owner = owner
-        self._pool = owner._pool
-        self._key = self._pool.signal_key(self._pool.client_id)
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._scripts = scripts()
+        self._cluster = is_cluster(client)
+        self.hub = _core.Hub(heartbeat_for(client) if self._cluster else _core.HEARTBEAT)
         self._lock = threading.Lock()
-        self._queues: dict[str, queue.SimpleQueue[Any]] = {}
-        self._reader: threading.Thread | None = None
-        self._epoch: str | None = None
-        # Waiters that have waited, probed in turn (O(1) add, remove, rotate).
-        self._probes: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._thread: threading.Thread | None = None
+        self._conn: Any = None
+        self._closing = False
 
-    def register(self, lid: str) -> None:
+    @property
+    def cid(self) -> str:
+        return self.hub.cid
+
+    def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
-            self._queues[lid] = queue.SimpleQueue()
+            self.hub.register(pool, lid, queue.SimpleQueue())
 
     def unregister(self, lid: str) -> None:
         with self._lock:
-            self._queues.pop(lid, None)
-            self._probes.pop(lid, None)
-
-    def _next_probe(self) -> str:
-        with self._lock:
-            if not self._probes:
-                return ""
-            lid = next(iter(self._probes))
-            self._probes.move_to_end(lid)
-            return lid
+            self.hub.unregister(lid)
 
     def wait(self, lid: str, timeout: float | None) -> Any:
         with self._lock:
-            inbox = self._queues[lid]
-            self._probes[lid] = None
-            if self._reader is None:
-                self._reader = threading.Thread(
-                    target=self._read, name=f"allocator-reader-{self._pool.name}", daemon=True
+            inbox = self.hub.inbox(lid)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="allocator-reader", daemon=True
                 )
-                self._reader.start()
-                _at_exit(self)
+                self._thread.start()
+                _READERS.add(self)
         try:
             return inbox.get(timeout=timeout)
         except queue.Empty:
@@ -330,87 +336,162 @@ class _Router:
 
     @property
     def reading(self) -> bool:
-        reader = self._reader
-        return reader is not None and reader.is_alive()
+        thread = self._thread
+        return thread is not None and thread.is_alive()
 
-    def close_connections(self) -> None:
-        client = self._owner._client
-        pool = getattr(client, "connection_pool", None)
-        if pool is not None:
-            pool.disconnect()
-        else:  # RedisCluster keeps a pool per node
-            client.close()
+    def close_connection(self) -> None:
+        """At exit: end the read in flight; the reader then ends quietly."""
+        self._closing = True
+        conn = self._conn
+        if conn is not None:
+            conn.disconnect()
 
-    def _recheck_all(self) -> None:
-        with self._lock:
-            for inbox in self._queues.values():
-                inbox.put(_core.RECHECK)
+    # -- the thread -----------------------------------------------------------
 
-    def _route(self, message: Any) -> None:
-        with self._lock:
-            inbox = self._queues.get(self._pool.message_target(message))
-        if inbox is not None:
-            inbox.put(message)
-            return
-        release = self._pool.release_message(message)
-        if release is not None:
-            self._owner._drive(self._pool._single(release))
-
-    def _read(self) -> None:
-        client, interval = self._owner._client, self._owner._heartbeat
-        last_beat = time.monotonic()
+    def _run(self) -> None:
+        hub = self.hub
         delay = 0.05
-        while True:
-            with self._lock:
-                # Decided under the lock that wait() takes: a waiter that
-                # registers after this line starts a new reader.
-                if not self._queues:
-                    self._reader = None
-                    return
+        try:
+            while True:
+                try:
+                    with self._lock:
+                        if hub.idle:
+                            self._thread = None
+                            return
+                        beats = hub.beats() if hub.beat_in(time.monotonic()) <= 0 else []
+                    if beats:
+                        results = [(key, _call(self._client, self._scripts, c)) for key, c in beats]
+                        with self._lock:
+                            inboxes, again = hub.beaten(time.monotonic(), results)
+                        for inbox in inboxes:
+                            inbox.put(_core.RECHECK)
+                        if again:
+                            continue
+                    with self._lock:
+                        acks, keys = hub.plan()
+                        block = max(0.01, hub.beat_in(time.monotonic()))
+                    popped = self._exchange(acks, keys, block)
+                    with self._lock:
+                        hub.acked(acks)
+                        routes = [hub.route(key, message) for key, message in popped]
+                    for (_, message), (inbox, release) in zip(popped, routes, strict=True):
+                        if inbox is not None:
+                            inbox.put(message)
+                        elif release is not None:
+                            _drive(Pool._single(release), self._step)
+                    delay = 0.05
+                except _core.TRANSIENT_ERRORS:
+                    self._drop_connection()
+                    if self._closing:
+                        return
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                except Exception:
+                    self._drop_connection()
+                    if self._closing:
+                        return
+                    # Never die silently with waiters parked on it: have each
+                    # look by itself (its own call shows the error), back off.
+                    _log.warning("allocator: waiting-list reader failed", exc_info=True)
+                    with self._lock:
+                        inboxes = self.hub.all_inboxes()
+                    for inbox in inboxes:
+                        inbox.put(_core.RECHECK)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            self._release_connection()
+
+    def _step(self, step: Step) -> Any:
+        return _step(self._client, self._scripts, step, None)
+
+    def _exchange(
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
+    ) -> list[tuple[Any, Any]]:
+        """One round trip: acknowledgements, a blocking pop on ``keys``, then
+        what else is on them. Returns the popped ``(key, message)`` pairs."""
+        if self._cluster:
+            # All keys of one reader share a slot; the cluster client finds
+            # its node and follows MOVED. Commands one by one.
+            for pick, lids in acks:
+                self._client.zrem(pick, *lids)
+            if not keys:
+                return []
+            first = self._client.blpop(keys, timeout=block)
+            rest = [(key, self._client.lpop(key, _core.BATCH)) for key in keys] if first else []
+            return _core.popped(first, rest)
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = _get_connection(self._client.connection_pool)
+        commands = _core.round_commands(acks, keys, block)
+        conn.send_packed_command(conn.pack_commands(commands))
+        # The blocking read may last `block`, whatever the client's socket
+        # timeout: wait for the reply here, then read it.
+        replies = []
+        for _ in commands:
+            if not conn.can_read(timeout=block + _core.READ_SLACK):
+                raise RedisTimeoutError("no reply from the server to the reader's round")
             try:
-                now = time.monotonic()
-                if now - last_beat >= interval:
-                    beat = self._pool.heartbeat(self._key, self._next_probe())
-                    epoch, probe_ok = self._owner._drive(self._pool._single(beat))
-                    if self._pool.recheck_after_beat(epoch, self._epoch, probe_ok, now - last_beat):
-                        self._recheck_all()
-                    self._epoch, last_beat = epoch, now
-                timeout = max(0.01, interval - (time.monotonic() - last_beat))
-                popped = client.blpop([self._key], timeout=timeout)
-                if popped is not None:
-                    self._route(popped[1])
-                delay = 0.05
-            except _core.TRANSIENT_ERRORS:
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            except Exception:
-                # Never die silently with waiters parked on it: have each
-                # look by itself (its own call shows the error), back off.
-                _log.warning("allocator: waiting-list reader failed", exc_info=True)
-                self._recheck_all()
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return _core.round_replies(commands, replies)
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+            with contextlib.suppress(Exception):
+                self._client.connection_pool.release(conn)
+
+    def _release_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                self._client.connection_pool.release(conn)
 
 
-_READERS: weakref.WeakSet[_Router] = weakref.WeakSet()
+def _get_connection(pool: Any) -> Any:
+    """A connection of the client's own pool (redis-py < 5.3 wants a command name)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("BLPOP")
 
 
-def _at_exit(router: _Router) -> None:
-    """Remember a router whose reader runs, for the exit hook below."""
-    if not _READERS:
-        atexit.register(_close_readers)
-    _READERS.add(router)
+_REGISTRY_LOCK = threading.Lock()
+_REGISTRY: weakref.WeakKeyDictionary[Any, dict[tuple[int, int | None], _Reader]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def reader_for(client: Any, pool: Pool) -> _Reader:
+    """The reader of ``client`` in this process (of a cluster client: for
+    the pool's slot), made on first use."""
+    where = (os.getpid(), pool.slot if is_cluster(client) else None)
+    with _REGISTRY_LOCK:
+        readers = _REGISTRY.setdefault(client, {})
+        reader = readers.get(where)
+        if reader is None:
+            reader = readers[where] = _Reader(client)
+        return reader
+
+
+_READERS: weakref.WeakSet[_Reader] = weakref.WeakSet()
 
 
 def _close_readers() -> None:
     """At interpreter exit, a reader (a daemon thread) may still be in its
     last blocking read, at most a heartbeat after its last waiter left.
-    Close its client's connections, so that no socket is left open (the
-    client reconnects if an exit handler still uses it)."""
-    for router in list(_READERS):
-        if router.reading:
+    Close its connection, so that no socket is left open."""
+    for reader in list(_READERS):
+        if reader.reading:
             with contextlib.suppress(Exception):
-                router.close_connections()
+                reader.close_connection()
+
+
+atexit.register(_close_readers)
 
 
 class _Keeper:

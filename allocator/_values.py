@@ -73,3 +73,5 @@ class GCReport:
     expired_bindings: int = 0
     unparked: int = 0
     orphans: int = 0
+    #: Resources whose lease count disagreed with their live leases, set right.
+    repaired: int = 0

@@ -1,7 +1,7 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[15] the caller's signal key.
+-- KEYS: the pool's keys (lua/README.md), then KEYS[16] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
 --       bind_ttl_ms
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
@@ -14,7 +14,7 @@ local lid, cid, ttl, alive_ms, blocking, bind, bind_ttl =
 -- instead of queueing a second time.
 local L, raw = P:lease_load(lid)
 if L then
-  P:claim(lid, L, KEYS[15])
+  P:claim(lid, L, P.OWN)
   return P.lease_reply(L)
 end
 local ticket = raw and string.sub(raw, 3)

@@ -2,7 +2,7 @@
 -- It leaves the queue; a grant that raced in is ended and passed on to the
 -- next waiter in this same run, so that nothing leaks.
 --
--- KEYS: the pool's keys, then KEYS[15] the caller's signal key (its client's).
+-- KEYS: the pool's keys, then KEYS[16] the caller's signal key (its client's).
 -- ARGV: lid
 -- Reply: {'cancelled'} left the queue | {'released'} a raced grant was passed on
 --      | {'gone'} nothing to do (already cancelled, or never queued)
@@ -12,9 +12,7 @@ P:maintain()
 local out = 'gone'
 local L, raw = P:lease_load(lid)
 if L then
-  if L.pickup == '1' then
-    redis.call('LREM', KEYS[15], 1, P.grant_msg(lid, L))
-  end
+  -- end_lease also takes the grant message off the list if it is unread.
   P:end_and_settle(lid, L)
   out = 'released'
 elseif raw then

@@ -15,6 +15,10 @@ for i = 5, #ARGV do
   local restamp = false
   if r then
     restamp = r.score ~= score
+    if rc == '0' and r.rc ~= '0' then
+      -- The rate is dropped: so is its log.
+      redis.call('ZREMRANGEBYLEX', P.RLOG, '[' .. name .. '\0', '(' .. name .. '\1')
+    end
     r.cap, r.score, r.rc, r.rw = cap, score, rc, rw
     if r.state == 'd' then
       r.state = 'a'
@@ -24,6 +28,8 @@ for i = 5, #ARGV do
     -- lease left from before it was removed.
     local fence = redis.call('HGET', P.GONE, name) or '0'
     redis.call('HDEL', P.GONE, name)
+    -- Nothing of an earlier life counts: no rate log, no indexed lease.
+    P:forget(name)
     r = {cap = cap, score = score, used = 0, fence = fence, state = 'a', untl = '0',
          stamp = '', rc = rc, rw = rw, rv = fence}
     added = added + 1

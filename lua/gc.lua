@@ -7,17 +7,25 @@
 --    elements on Redis 6.2 and three on 7.0; the claim resets the entry's
 --    idle time, which nothing here relies on: each lease's own deadline on
 --    the server clock decides);
--- 2. queue entries of waiters that are gone, page by page through the queue;
--- 3. bindings past their ttl; liveness marks that ran out;
--- 4. then the queue is served.
+-- 2. queue entries of waiters that are gone, page by page through the
+--    waiting part of the queue (after `ld`: the cursor never goes back into
+--    granted tickets, however far the queue moved between two steps);
+-- 3. bindings past their ttl; liveness marks that ran out, with the signal
+--    lists of those clients;
+-- 4. repair: page by page through the resources, a lease count that
+--    disagrees with the index of live leases is set right;
+-- 5. then the queue is served.
 --
--- ARGV: pel_cursor ('0-0' to start), queue_cursor ('' to start), count
+-- ARGV: pel_cursor ('0-0' to start), queue_cursor ('' to start),
+--       res_cursor ('0' to start, '' to skip), count
 -- Reply: {'gc', reclaimed, dropped_waiters, expired_bindings, unparked,
---         orphans, next_pel_cursor ('0-0': done), next_queue_cursor ('': done),
+--         orphans, repaired, next_pel_cursor ('0-0': done),
+--         next_queue_cursor ('': done), next_res_cursor ('': done),
 --         more (1: something due was left for the next step)}
-local pel_cursor, q_cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local pel_cursor, q_cursor, res_cursor, count = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local more = 0
 local orphans = 0
+local repaired = 0
 
 -- gc runs the maintenance pass whatever `nd` says (and so repairs it).
 P:meta()
@@ -67,17 +75,19 @@ if not claimed.err then
 end
 
 -- 2. Waiters that are gone, anywhere in the queue (dispatch drops them only
--- when they reach the head).
+-- when they reach the head). Tickets up to `ld` are granted: the walk
+-- starts after it, or after the cursor if that is further on; drop() itself
+-- leaves any ticket that is not waiting alone.
 P:meta()
 local from = P.ld
-if q_cursor ~= '' then
+if q_cursor ~= '' and P.id_after(q_cursor, from) then
   from = q_cursor
 end
 local next_q = ''
 local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
 for _, e in ipairs(entries) do
   local t = P.ticket_of(e)
-  if not P:alive(t.c) then
+  if t.c and not P:alive(t.c) then
     P:drop(t)
   end
 end
@@ -94,8 +104,40 @@ end
 if #expired >= count then
   more = 1
 end
-redis.call('ZREMRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now)
+local gone = redis.call('ZRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now, 'LIMIT', 0, count)
+for _, cid in ipairs(gone) do
+  redis.call('DEL', P.SIG .. cid)
+  redis.call('ZREM', P.ALIVE, cid)
+end
+if #gone >= count then
+  more = 1
+end
 
--- 4. Serve whoever can be served now.
+-- 4. Every resource's `used` must equal its entries in the index of live
+-- leases (void leases are not in it). Anything else is a bug's trace; set
+-- it right, so that no resource stays full, or over-granted, for ever.
+local next_res = ''
+if res_cursor ~= '' then
+  local page = redis.call('HSCAN', P.RES, res_cursor, 'COUNT', count)
+  for i = 1, #page[2], 2 do
+    local name = page[2][i]
+    local r = P:res_load(name)
+    local live = redis.call('ZLEXCOUNT', P.HELD, '[' .. name .. '\0', '(' .. name .. '\1')
+    if r and r.used ~= live then
+      r.used = live
+      P:settle(name, r)
+      repaired = repaired + 1
+    end
+  end
+  if page[1] ~= '0' then
+    next_res = page[1]
+  end
+end
+
+-- 5. Serve whoever can be served now.
 P:dispatch(nil)
-return {'gc', P.reclaimed, P.dropped, #expired, unparked, orphans, next_pel, next_q, more}
+if P.more then
+  more = 1
+end
+return {'gc', P.reclaimed, P.dropped, #expired, unparked, orphans, repaired, next_pel, next_q,
+        next_res, more}

@@ -4,12 +4,14 @@
 -- comes due or its reader asks it to look, and (with lid '') by the reader
 -- once per interval for all waiters of its client.
 --
--- KEYS: the pool's keys, then KEYS[15] the caller's signal key (its client's).
+-- KEYS: the pool's keys, then KEYS[16] the caller's signal key (its client's).
 -- ARGV: lid ('' for a client-level heartbeat), cid, alive_ms,
 --       probe (heartbeat only: a waiter of the client whose ticket to check)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms} | {'gone'}   the ticket is not in the queue
---      | {'alive', epoch, probe_ok}              client-level heartbeat
+--      | {'alive', epoch, probe_ok, more}        client-level heartbeat; more:
+--                                                  1 if dead tickets are left at
+--                                                  the head (beat again at once)
 local lid, cid, alive_ms, probe = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
@@ -34,7 +36,7 @@ if lid == '' then
       end
     end
   end
-  return {'alive', redis.call('HGET', P.META, 'epoch'), ok}
+  return {'alive', redis.call('HGET', P.META, 'epoch'), ok, P.more and 1 or 0}
 end
 
 local mine = P:dispatch(lid)
@@ -44,7 +46,7 @@ end
 local L, raw = P:lease_load(lid)
 if L then
   -- Granted by an earlier push: hand it over in this reply.
-  P:claim(lid, L, KEYS[15])
+  P:claim(lid, L, P.OWN)
   return P.lease_reply(L)
 elseif raw then
   local ticket = string.sub(raw, 3)

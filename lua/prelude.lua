@@ -13,10 +13,19 @@
 local P = {
   META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
   Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
-  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], SIG = KEYS[14],
-  -- A grant pushed to a waiter's signal list that is still there this long
-  -- after was never taken: the waiter is gone, and the grant is taken back.
+  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], SIG = KEYS[15],
+  -- The caller's own signal list, where a script declares it (acquire,
+  -- poll, cancel).
+  OWN = KEYS[16],
+  -- A grant pushed to a waiter's signal list is checked this long after, and
+  -- again as long as its client's reader has not acknowledged it: while the
+  -- client is alive, the grant is put back on its list if a lost reply took
+  -- it; once the client's liveness has run out, the grant is taken back.
   PICKUP_MS = 2000,
+  -- Dead tickets dropped from the head of the queue per script run, so that
+  -- a crowd of dead waiters never blocks the server; whoever runs next goes
+  -- on (a waiter's reply says "look again now").
+  DROP_LIMIT = 500,
   -- Hints are pushed only for events this close; a waiter looks again by
   -- itself at least this often (HEARTBEAT in _core.py), so a later event is
   -- met then, at no cost to the grant path.
@@ -24,8 +33,9 @@ local P = {
   -- Expired leases and ended quarantines handled per pass on a hot path;
   -- gc() loops until everything due is handled.
   BATCH = 64,
-  -- Counters of this run, reported by gc().
-  reclaimed = 0, dropped = 0,
+  -- Counters of this run, reported by gc(); `more`: dispatch stopped at
+  -- DROP_LIMIT with dead tickets left at the head.
+  reclaimed = 0, dropped = 0, more = false,
   -- Resource records read in this run, by name (false: not in the pool).
   records = {},
 }
@@ -132,9 +142,18 @@ function P:retire(name, r)
   redis.call('HDEL', self.RES, name)
   self.records[name] = false
   redis.call('HSET', self.GONE, name, r.fence)
-  if r.rc ~= '0' then
-    redis.call('ZREMRANGEBYLEX', self.RLOG, '[' .. name .. '\0', '(' .. name .. '\1')
-  end
+  -- Leases still on it are void: they leave the index of live leases. Its
+  -- rate log goes too (also one left from a rate dropped earlier), so that
+  -- a re-added resource starts with a full budget.
+  self:forget(name)
+end
+
+-- Clear a resource's entries in the lease index and the rate log (O(log n)
+-- plus what is removed).
+function P:forget(name)
+  local lo, hi = '[' .. name .. '\0', '(' .. name .. '\1'
+  redis.call('ZREMRANGEBYLEX', self.HELD, lo, hi)
+  redis.call('ZREMRANGEBYLEX', self.RLOG, lo, hi)
 end
 
 -- After a lease of r ended: a draining resource leaves with its last lease,
@@ -172,7 +191,10 @@ end
 -- Leases
 ---------------------------------------------------------------------------
 
--- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pickup|resource
+-- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pushed|resource
+-- `pushed` is 1 if the grant went to the waiter's signal list (0: handed
+-- over in a script reply); such a grant is *unclaimed* while its lease id is
+-- in PICK (see P:claim).
 -- Returns the lease (or nil) and the raw record (a waiting one is W|ticket).
 -- All fields stay strings but the deadline.
 function P:lease_load(lid)
@@ -206,18 +228,22 @@ function P.grant_msg(lid, L)
     '|' .. L.res
 end
 
--- The lease is handed to its owner in a script reply (poll, a retried
--- acquire): take back the pushed message if its reader has not popped it,
--- and mark the lease claimed, so that a reader that popped it and finds no
--- waiter for it any more does not release it (release.lua, `unclaimed`).
--- `key` is the owner's signal list, declared by the caller.
+-- A pushed grant is *claimed* once its owner has it: its client's reader
+-- acknowledged it (a plain ZREM of the lease id from PICK, sent with the
+-- reader's next read), it was handed over in a script reply (poll, a retried
+-- acquire: this function), or it was renewed. A reader that pops a grant and
+-- finds no waiter for it releases it only while it is unclaimed (release.lua,
+-- `unclaimed`), so a late or repeated message never releases a lease its
+-- owner holds. Here: take back the pushed message if nobody popped it yet.
+-- `key` is the signal list it was pushed to.
 function P:claim(lid, L, key)
-  if L.pickup == '1' then
+  if L.pickup == '1' and redis.call('ZREM', self.PICK, lid) == 1 then
     redis.call('LREM', key, 1, self.grant_msg(lid, L))
-    redis.call('ZREM', self.PICK, lid)
-    L.pickup = '0'
-    self:lease_save(lid, L)
   end
+end
+
+function P:unclaimed(lid, L)
+  return L.pickup == '1' and redis.call('ZSCORE', self.PICK, lid) ~= false
 end
 
 -- A lease counts (is one of its resource's `used`) unless the resource left
@@ -226,19 +252,19 @@ function P.counted(L, r)
   return r ~= nil and tonumber(L.token) > tonumber(r.rv)
 end
 
--- End a lease record: release, expiry, revocation, pick-up take-back, or a
--- cancel that raced a grant. The ticket is acked and deleted, so the stream
--- only holds live tickets. Returns the resource record with `used` lowered
+-- End a lease record: release, expiry, revocation, take-back, or a cancel
+-- that raced a grant. The ticket is acked and deleted, so the stream only
+-- holds live tickets; a grant message nobody took is taken off its list, so
+-- no stray message is left. Returns the resource record with `used` lowered
 -- (not yet saved, so the caller may park it first), or nil if the lease no
 -- longer counted.
 function P:end_lease(lid, L)
   redis.call('HDEL', self.RECS, lid)
   redis.call('ZREM', self.EXP, lid)
-  if L.pickup == '1' then
-    redis.call('ZREM', self.PICK, lid)
-  end
+  self:claim(lid, L, self.SIG .. L.cid)
   redis.call('XACK', self.Q, 'g', L.ticket)
   redis.call('XDEL', self.Q, L.ticket)
+  redis.call('ZREM', self.HELD, L.res .. '\0' .. lid)
   local r = self:res_load(L.res)
   if self.counted(L, r) then
     r.used = r.used - 1
@@ -258,24 +284,33 @@ end
 -- Maintenance: every script starts by handling what came due.
 ---------------------------------------------------------------------------
 
--- Pushed grants whose pick-up window ended: confirmed if the waiter's
--- reader popped the message, taken back if it is still in the list (the
--- client is gone, or stalled past the window). Then leases past their
--- deadline (EXP holds deadlines only), with any unread grant message.
+-- Pushed grants not yet acknowledged by their client's reader, due for a
+-- check. While the client is alive, the grant stays its own: it goes back
+-- on the signal list (at the tail) in case a lost reply took it off, and is
+-- checked again later; a live waiter never loses a grant to a slow reader.
+-- Once the client's liveness has run out (it is gone, or stalled past the
+-- liveness window), the grant is taken back and passed on, and the client,
+-- should it come back, finds a notice `x|<lease id>` that makes the waiter
+-- look again at once.
+-- Then leases past their deadline (EXP holds deadlines only).
 function P:reclaim(limit)
   local picks = redis.call('ZRANGEBYSCORE', self.PICK, '-inf', self.now, 'LIMIT', 0, limit)
   for _, lid in ipairs(picks) do
-    redis.call('ZREM', self.PICK, lid)
     local L = self:lease_load(lid)
-    if L and L.pickup == '1' then
+    if not L or L.pickup ~= '1' then
+      redis.call('ZREM', self.PICK, lid)
+    elseif self:alive(L.cid) then
       local key, msg = self.SIG .. L.cid, self.grant_msg(lid, L)
-      if redis.call('LREM', key, 1, msg) > 0 then
-        L.pickup = '0' -- its PICK entry is gone already
-        self:end_and_settle(lid, L)
-        self.reclaimed = self.reclaimed + 1
-      else
-        L.pickup = '0'
-        self:lease_save(lid, L)
+      redis.call('LREM', key, 1, msg)
+      redis.call('RPUSH', key, msg)
+      self:schedule(self.PICK, self.now + self.PICKUP_MS, lid)
+    else
+      self:end_and_settle(lid, L)
+      self.reclaimed = self.reclaimed + 1
+      -- Only while its liveness mark is still there: gc deletes the list
+      -- together with the mark, and must not find it made again after.
+      if redis.call('ZSCORE', self.ALIVE, L.cid) then
+        redis.call('RPUSH', self.SIG .. L.cid, 'x|' .. lid)
       end
     end
   end
@@ -285,9 +320,6 @@ function P:reclaim(limit)
     if not L then
       redis.call('ZREM', self.EXP, lid)
     else
-      if L.pickup == '1' then
-        redis.call('LREM', self.SIG .. L.cid, 1, self.grant_msg(lid, L))
-      end
       self:end_and_settle(lid, L)
       self.reclaimed = self.reclaimed + 1
     end
@@ -401,6 +433,17 @@ function P:unhint(lid)
   end
 end
 
+-- Stream ids `ms-seq`: is a later than b?
+function P.id_after(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if not am or not bm then
+    return false
+  end
+  am, bm = tonumber(am), tonumber(bm)
+  return am > bm or (am == bm and tonumber(as) > tonumber(bs))
+end
+
 -- The earliest score in a zset of times (1e15: none).
 function P:first(key)
   return tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2] or 1e15)
@@ -444,12 +487,21 @@ function P:hint(t, self_lid)
   self.hinted = {tag, key, msg}
 end
 
--- A ticket whose client is gone (its liveness mark ran out) leaves the queue.
+-- A waiting ticket whose client is gone (its liveness mark ran out) leaves
+-- the queue. Only a ticket that is still waiting: a granted one is a lease,
+-- which only ends through end_lease (it keeps `used` right).
 function P:drop(t)
+  local raw = redis.call('HGET', self.RECS, t.l)
+  if raw and raw ~= 'W|' .. t.id then
+    return false
+  end
   redis.call('XDEL', self.Q, t.id)
-  redis.call('HDEL', self.RECS, t.l)
+  if raw then
+    redis.call('HDEL', self.RECS, t.l)
+  end
   self:unhint(t.l)
   self.dropped = self.dropped + 1
+  return true
 end
 
 function P:alive(cid)
@@ -509,6 +561,7 @@ function P:grant(t, best, self_lid)
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
     cid = t.c, pickup = '0', res = name,
   }
+  redis.call('ZADD', self.HELD, 0, name .. '\0' .. t.l)
   if t.l ~= self_lid then
     L.pickup = '1'
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))
@@ -532,9 +585,10 @@ function P:grant(t, best, self_lid)
 end
 
 -- Serve the queue in order while resources are free. Tickets of clients that
--- are gone are dropped on the way, in one loop however many there are. Stops
--- at the first live waiter that cannot be served, and tells it when to look
--- again. Returns the caller's lease if the caller (self_lid) was served; the
+-- are gone are dropped on the way, up to DROP_LIMIT per run (then `more` is
+-- set and the caller is told to look again at once). Stops at the first
+-- live waiter that cannot be served, and tells it when to look again.
+-- Returns the caller's lease if the caller (self_lid) was served; the
 -- caller is never pushed to: its reply carries the grant. The caller is
 -- always last in line, so serving it ends the loop.
 function P:dispatch(self_lid)
@@ -542,6 +596,7 @@ function P:dispatch(self_lid)
     return nil
   end
   self:meta()
+  local drops = 0
   while true do
     local best = redis.call('ZRANGE', self.FREE, 0, 0)[1]
     -- Nobody can be served: only the head needs telling, and (unless it is
@@ -554,7 +609,16 @@ function P:dispatch(self_lid)
       return nil
     end
     if t.l ~= self_lid and not self:alive(t.c) then
-      self:drop(t)
+      if drops >= self.DROP_LIMIT then
+        self.more, self.self_hint = true, 0
+        return nil
+      end
+      if not self:drop(t) then
+        -- A granted ticket after `ld`: the bookkeeping is broken; never
+        -- loop on it. gc repairs what it can.
+        return nil
+      end
+      drops = drops + 1
     elseif not best then
       self:hint(t, self_lid)
       return nil

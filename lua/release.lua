@@ -14,7 +14,7 @@ if not L or L.ticket ~= ticket then
   P:dispatch(nil)
   return {'lost'}
 end
-if unclaimed == '1' and L.pickup ~= '1' then
+if unclaimed == '1' and not P:unclaimed(lid, L) then
   return {'claimed'}
 end
 local r = P:end_lease(lid, L)

@@ -17,10 +17,8 @@ if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
   return {'lost'}
 end
 L.deadline = P.now + ttl
-if L.pickup == '1' then -- renewing, the holder shows it has the grant
-  redis.call('ZREM', P.PICK, lid)
-  L.pickup = '0'
-end
+-- Renewing, the holder shows it has the grant.
+P:claim(lid, L, P.SIG .. L.cid)
 P:lease_save(lid, L)
 P:schedule(P.EXP, L.deadline, lid)
 P:dispatch(nil)

@@ -62,13 +62,15 @@ class Stepper:
 
     def __init__(self, pool: FairAllocator, **kwargs: Any) -> None:
         self.pool = pool
+        self.reader = pool._reader()
         self.flow = pool._pool.acquire(
             kwargs.get("timeout"),
             kwargs.get("ttl"),
             kwargs.get("bind"),
             kwargs.get("blocking", True),
+            cid=self.reader.cid,
         )
-        pool._get_router().register(self.flow.lid)
+        self.reader.register(pool._pool, self.flow.lid)
         self.steps: list[Any] = []
         self.step: Any = self.flow.steps.send(None)
         self.done = False
@@ -92,7 +94,7 @@ class Stepper:
 
     def nudge(self) -> None:
         """Have the reader ask this waiter to look again (as after a data loss)."""
-        self.pool._get_router()._queues[self.flow.lid].put(RECHECK)
+        self.reader.hub.inbox(self.flow.lid).put(RECHECK)
 
     def throw(self, exc: BaseException) -> Any:
         """Deliver an exception at the current step (as a timeout or a

@@ -139,7 +139,7 @@ def test_stale_signals_are_rechecked_not_trusted(pool: FairAllocator, client: An
     held = pool.acquire(timeout=5)
     waiter = Stepper(pool)
     queued(waiter)
-    key = pool._pool.signal_key(pool._pool.client_id)
+    key = pool._pool.signal_key(pool._reader().cid)
     lid = waiter.flow.lid
     client.rpush(key, "garbage")
     client.rpush(key, f"g|someone-else|{held.ticket}|5|1|1000|r")
@@ -165,7 +165,7 @@ def test_a_grant_popped_late_by_the_reader_is_not_released_under_its_holder(
     waiter = Stepper(pool)
     queued(waiter)  # enqueued; its reader has not started yet
     pool.release(held)  # grants the waiter: a message on its client's list
-    key = pool._pool.signal_key(pool._pool.client_id)
+    key = pool._pool.signal_key(pool._reader().cid)
     message = client.lpop(key)  # a reader that popped it and then stalled
     assert message is not None
     waiter.nudge()
@@ -173,8 +173,13 @@ def test_a_grant_popped_late_by_the_reader_is_not_released_under_its_holder(
     assert isinstance(waiter.step, Call) and waiter.step.script == "poll"
     waiter.run_step()  # ... and is handed its lease in the poll's reply
     assert waiter.done and waiter.value.resource == "r"
-    pool._get_router().unregister(waiter.flow.lid)
-    pool._get_router()._route(message)  # the stalled reader routes it now
+    reader = pool._reader()
+    reader.unregister(waiter.flow.lid)
+    # The stalled reader routes it now: no waiter, so it asks for a release,
+    # which must find the lease claimed.
+    inbox, release = reader.hub.route(key, message)
+    assert inbox is None and release is not None
+    assert pool._drive(pool._pool._single(release)) == [b"claimed"]
     assert pool.status().leased == 1
     assert pool.release(waiter.value) is True
 
@@ -335,7 +340,7 @@ def test_async_grant_to_departed_waiter_is_passed_on(
         apool = AsyncFairAllocator(client, pool_name)
         await apool.extend(["r"])
         held = await apool.acquire(timeout=5)
-        ghost = apool._pool.acquire(None, None, None, True)
+        ghost = apool._pool.acquire(None, None, None, True, cid=apool._reader().cid)
         enqueue = ghost.steps.send(None)
         state = enqueue.parse(await apool._step(enqueue))
         assert isinstance(state, tuple)  # queued, at the head, never registered
