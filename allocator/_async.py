@@ -302,10 +302,11 @@ class _Reader:
                     block = max(0.01, hub.beat_in(self.loop.time()))
                     popped = await self._exchange(acks, keys, block)
                     hub.acked(acks)
+                    now = self.loop.time()
                     for key, message in popped:
-                        inbox, release = hub.route(key, message)
+                        inbox, item, release = hub.route(key, message, now)
                         if inbox is not None:
-                            inbox.put_nowait(message)
+                            inbox.put_nowait(item)
                         elif release is not None:
                             chore = self.loop.create_task(_drive(Pool._single(release), self._step))
                             self._chores.add(chore)

@@ -802,7 +802,7 @@ class Hub:
         lost), if the probed waiter's ticket vanished, or if the reader was
         silent past the liveness window (its client may have been taken for
         gone, its tickets dropped, its grants taken back)."""
-        silent = now - (self._last_beat if self._last_beat is not None else now)
+        silent = self._silent(now)
         self._last_beat = now
         inboxes: list[Any] = []
         again = False
@@ -834,31 +834,40 @@ class Hub:
             if done:
                 served.acks = [lid for lid in served.acks if lid not in done]
 
-    def route(self, key: Any, message: Any) -> tuple[Any, Call[Any] | None]:
-        """Where a popped message goes: ``(inbox, None)`` to deliver it to
-        its waiter, ``(None, call)`` to release a grant whose waiter left
-        (only while nobody claimed it), or ``(None, None)`` to drop it.
-        A delivered grant is acknowledged in the next round."""
+    def route(self, key: Any, message: Any, now: float) -> tuple[Any, Any, Call[Any] | None]:
+        """Where a popped message goes: ``(inbox, item, None)`` to put
+        ``item`` in its waiter's inbox, ``(None, None, call)`` to release a
+        grant whose waiter left (only while nobody claimed it), or
+        ``(None, None, None)`` to drop it. A delivered grant is acknowledged
+        in the next round. ``now``: the monotonic time it was popped."""
         served = self._served.get(_decode(key))
         if served is None:
-            return None, None
+            return None, None, None
         pool = served.pool
         text = _decode(message)
         lid = Pool.message_target(text)
         grant = text.startswith("g|")
         entry = self._waiters.get(lid)
         if entry is not None and entry[0] is served:
+            if grant and self._silent(now) > ALIVE:
+                # Popped before a silence past the liveness window: the grant
+                # may have been taken back since. The waiter asks (a poll
+                # hands it over if it is still its own).
+                return entry[1], RECHECK, None
             if grant:
                 self._remember(served, lid)
-            return entry[1], None
+            return entry[1], message, None
         if grant:
             if lid in self._recent:
                 # Delivered already: this is a copy put back after a lost
                 # reply. Acknowledge it again; never release it.
                 served.acks.append(lid)
-                return None, None
-            return None, pool.release_message(text)
-        return None, None
+                return None, None, None
+            return None, None, pool.release_message(text)
+        return None, None, None
+
+    def _silent(self, now: float) -> float:
+        return 0.0 if self._last_beat is None else now - self._last_beat
 
     def _remember(self, served: _Served, lid: str) -> None:
         served.acks.append(lid)

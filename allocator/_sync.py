@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import logging
 import os
 import queue
@@ -13,6 +14,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
+from redis.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -373,10 +376,11 @@ class _Reader:
                     popped = self._exchange(acks, keys, block)
                     with self._lock:
                         hub.acked(acks)
-                        routes = [hub.route(key, message) for key, message in popped]
-                    for (_, message), (inbox, release) in zip(popped, routes, strict=True):
+                        now = time.monotonic()
+                        routes = [hub.route(key, message, now) for key, message in popped]
+                    for inbox, item, release in routes:
                         if inbox is not None:
-                            inbox.put(message)
+                            inbox.put(item)
                         elif release is not None:
                             _drive(Pool._single(release), self._step)
                     delay = 0.05
@@ -428,11 +432,17 @@ class _Reader:
         # The blocking read may last `block`, whatever the client's socket
         # timeout: wait for the reply here, then read it.
         replies = []
+        wait = block + _core.READ_SLACK
         for _ in commands:
-            if not conn.can_read(timeout=block + _core.READ_SLACK):
-                raise RedisTimeoutError("no reply from the server to the reader's round")
             try:
-                replies.append(conn.read_response())
+                if _READ_TIMEOUT:
+                    replies.append(conn.read_response(timeout=wait))
+                else:
+                    if getattr(conn, "_sock", True) is None:  # closed under it
+                        raise RedisConnectionError("the reader's connection was closed")
+                    if not conn.can_read(timeout=wait):
+                        raise RedisTimeoutError("no reply from the server to the reader's round")
+                    replies.append(conn.read_response())
             except ResponseError as exc:
                 replies.append(exc)
         return _core.round_replies(commands, replies)
@@ -450,6 +460,11 @@ class _Reader:
         if conn is not None:
             with contextlib.suppress(Exception):
                 self._client.connection_pool.release(conn)
+
+
+#: Whether this redis-py reads a reply with its own timeout (newer ones do);
+#: older ones wait with can_read first.
+_READ_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
 
 
 def _get_connection(pool: Any) -> Any:

@@ -125,7 +125,13 @@ if res_cursor ~= '' then
     local live = redis.call('ZLEXCOUNT', P.HELD, '[' .. name .. '\0', '(' .. name .. '\1')
     if r and r.used ~= live then
       r.used = live
-      P:settle(name, r)
+      if r.state == 'd' and live <= 0 then
+        P:retire(name, r)
+      else
+        -- Placed anew, whatever FREE held for it.
+        P:place(name, r, true)
+        P:res_save(name, r)
+      end
       repaired = repaired + 1
     end
   end
