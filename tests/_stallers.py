@@ -65,3 +65,32 @@ def loop_waiter(url: str, name: str, stall: float, inbox: Any, outbox: Any) -> N
         await client.aclose()
 
     asyncio.run(main())
+
+
+def churner(
+    url: str, name: str, ledger: str, rounds: int, seed: int, inbox: Any, outbox: Any
+) -> None:
+    """Lease and release ``rounds`` times; every lease goes into an fsync'ed
+    ledger of this worker's own with its ticket, grant time, and the server
+    time just before its release."""
+    import json
+    import random
+
+    client = redis.Redis.from_url(url)
+    pool = FairAllocator(client, name, lease_ttl=60)
+    rng = random.Random(seed)
+    outbox.put(("ready", os.getpid()))
+    with open(ledger, "a", encoding="utf-8") as out:
+        for _ in range(rounds):
+            lease = pool.acquire(timeout=120)
+            time.sleep(rng.uniform(0, 0.02))
+            seconds, micros = client.time()
+            record = {
+                "resource": lease.resource, "token": lease.token, "ticket": lease.ticket,
+                "granted_at": lease.granted_at, "left": int(seconds) + int(micros) / 1e6,
+            }  # fmt: skip
+            record["released"] = pool.release(lease)
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+    outbox.put(("done", None))

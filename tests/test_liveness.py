@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import itertools
 import os
 import signal
 import time
@@ -486,3 +487,66 @@ def test_keepalive_stop_passes_the_callers_cancellation_on(redis_url: str, pool_
         await aclient.aclose()
 
     asyncio.run(scenario())
+
+
+# -- a chaos run: gc processes and workers stopped for seconds -----------------------
+
+
+def test_chaos_with_gc_processes_and_stopped_workers(
+    redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc], tmp_path: Any
+) -> None:
+    """Six workers churn on three resources while two gc processes loop;
+    workers and gc processes are SIGSTOPped at random for 1-3 s (inside the
+    liveness window), gc ones between any two of their steps. From the
+    ledgers: FIFO by ticket among these live waiters, no lease lost while
+    its holder lives, never two holders of a resource; the pool whole at
+    the end, with nothing for gc to repair."""
+    import json
+    import random
+
+    from _stallers import churner
+    from _workers import gc_loop
+
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["a", "b", "c"])
+    ledgers = [tmp_path / f"w{i}.jsonl" for i in range(6)]
+    workers = [
+        procs(churner, redis_url, pool_name, str(path), 25, i) for i, path in enumerate(ledgers)
+    ]
+    gcs = [procs(gc_loop, redis_url, pool_name, every=0.02) for _ in range(2)]
+    for proc in (*workers, *gcs):
+        proc.expect("ready")
+    rng = random.Random(13)
+    done: set[int] = set()
+    stops = 0
+    while len(done) < len(workers):
+        for w in workers:
+            if w.pid not in done and w.poll() is not None:
+                done.add(w.pid)
+        running = [p for p in (*workers, *gcs) if p.pid not in done]
+        victim = rng.choice(running)
+        victim.pause()
+        # Stopped for a while: the duration is the point here.
+        time.sleep(rng.uniform(1.0, 3.0))
+        victim.resume()
+        stops += 1
+    for g in gcs:
+        g.send("stop")
+        g.until("stopped")
+    assert stops >= 3
+
+    records = [json.loads(line) for path in ledgers for line in path.read_text().splitlines()]
+    assert len(records) == 6 * 25
+    assert all(r["released"] for r in records), "a lease was lost while its holder lived"
+    by_ticket = sorted(records, key=lambda r: tuple(int(x) for x in r["ticket"].split("-")))
+    grants = [r["granted_at"] for r in by_ticket]
+    assert grants == sorted(grants), "a later ticket was granted before an earlier one"
+    for name in "abc":
+        held = sorted((r for r in records if r["resource"] == name), key=lambda r: r["granted_at"])
+        for before, after in itertools.pairwise(held):
+            assert after["granted_at"] >= before["left"], f"two holders of {name}"
+            assert after["token"] > before["token"]
+    report = pool.gc()
+    assert report.repaired == 0
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (3, 0, 0)
