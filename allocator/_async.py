@@ -20,12 +20,11 @@ from typing import (
     overload,
 )
 
-from redis.exceptions import NoScriptError
-
 from . import _core
-from ._core import Call, Command, Flow, Pool, Step, Wait
+from ._core import Call, Command, Flow, Load, Pool, Step, Wait
 from ._scripts import scripts
 from ._sync import heartbeat_for
+from ._transport import bound_client_retries, client_kind, no_client_retries
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
@@ -54,6 +53,13 @@ class AsyncFairAllocator:
         prefix: str = "alloc",
     ) -> None:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        if client_kind(client) != "async":
+            raise TypeError(
+                f"client must be an asyncio Redis client for {type(self).__name__}, "
+                f"got the blocking {type(client).__module__}.{type(client).__qualname__}: "
+                "use FairAllocator with it"
+            )
+        bound_client_retries(client)
         self._client = client
         self._scripts = scripts()
         self._heartbeat = heartbeat_for(client)
@@ -99,15 +105,16 @@ class AsyncFairAllocator:
     async def _step(self, step: Step) -> Any:
         if isinstance(step, Call):
             sha = self._scripts.sha[step.script]
-            try:
+            with no_client_retries():
                 return await self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-            except NoScriptError:
-                await self._client.script_load(self._scripts.text[step.script])
-                return await self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+        if isinstance(step, Load):
+            with no_client_retries():
+                return await self._client.script_load(self._scripts.text[step.script])
         if isinstance(step, Wait):
             return await self._get_router().wait(step.lid, step.timeout)
         if isinstance(step, Command):
-            return await self._client.execute_command(*step.args)
+            with no_client_retries():
+                return await self._client.execute_command(*step.args)
         await asyncio.sleep(step.seconds)
         return None
 

@@ -14,11 +14,10 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
-from redis.exceptions import NoScriptError
-
 from . import _core
-from ._core import Call, Command, Flow, Pool, Step, Wait
+from ._core import Call, Command, Flow, Load, Pool, Step, Wait
 from ._scripts import scripts
+from ._transport import bound_client_retries, client_kind, no_client_retries
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
@@ -63,6 +62,13 @@ class FairAllocator:
         prefix: str = "alloc",
     ) -> None:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        if client_kind(client) != "sync":
+            raise TypeError(
+                f"client must be a blocking Redis client for {type(self).__name__}, "
+                f"got the asyncio {type(client).__module__}.{type(client).__qualname__}: "
+                "use AsyncFairAllocator with it"
+            )
+        bound_client_retries(client)
         self._client = client
         self._scripts = scripts()
         self._heartbeat = heartbeat_for(client)
@@ -99,15 +105,16 @@ class FairAllocator:
     def _step(self, step: Step) -> Any:
         if isinstance(step, Call):
             sha = self._scripts.sha[step.script]
-            try:
+            with no_client_retries():
                 return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-            except NoScriptError:
-                self._client.script_load(self._scripts.text[step.script])
-                return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+        if isinstance(step, Load):
+            with no_client_retries():
+                return self._client.script_load(self._scripts.text[step.script])
         if isinstance(step, Wait):
             return self._get_router().wait(step.lid, step.timeout)
         if isinstance(step, Command):
-            return self._client.execute_command(*step.args)
+            with no_client_retries():
+                return self._client.execute_command(*step.args)
         time.sleep(step.seconds)
         return None
 
