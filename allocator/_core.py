@@ -58,8 +58,8 @@ __all__ = [
     "HEARTBEAT",
     "Call",
     "Command",
+    "Eval",
     "Flow",
-    "Load",
     "Pool",
     "Retrier",
     "Sleep",
@@ -97,10 +97,10 @@ BACKOFF_CAP = 2.0
 #: An outage (transient errors without a success in between) this long is
 #: logged once at warning; each retry before that is logged at debug.
 OUTAGE_WARNING = 10.0
-#: Reloads of a script the server no longer has (SCRIPT FLUSH, a restart, a
-#: failover) within one call, should the script vanish again between the
-#: reload and the retry.
-RELOADS = 20
+#: Runs by text (EVAL) of a script the server no longer has (SCRIPT FLUSH, a
+#: restart, a failover) within one call; EVAL itself never answers NOSCRIPT,
+#: this only bounds a server that does.
+RELOADS = 5
 
 MAX_NAME = 200
 MAX_RESOURCE = 1024
@@ -211,14 +211,14 @@ class Retrier:
         attempts: int | None = None,
         base: float = BACKOFF_BASE,
         cap: float = BACKOFF_CAP,
-        warn_after: float = OUTAGE_WARNING,
+        warn_after: float | None = None,
     ) -> None:
         self.what = what
         self.deadline = deadline
         self.attempts = attempts
         self.base = base
         self.cap = cap
-        self.warn_after = warn_after
+        self.warn_after = OUTAGE_WARNING if warn_after is None else warn_after
         self.failures = 0
         self.last_error: BaseException | None = None
         self._outage_since: float | None = None
@@ -314,13 +314,15 @@ class Command(NamedTuple):
     args: tuple[str, ...]
 
 
-class Load(NamedTuple):
-    """Load script ``script`` (SCRIPT LOAD): the server answered NOSCRIPT."""
+class Eval(NamedTuple):
+    """Run ``call`` by its script's text (EVAL), not its SHA1: the server
+    answered NOSCRIPT. EVAL also caches the script, so the next EVALSHA
+    finds it; and it cannot meet a SCRIPT FLUSH between a load and a call."""
 
-    script: str
+    call: Call[Any]
 
 
-Step = Call[Any] | Wait | Sleep | Command | Load
+Step = Call[Any] | Wait | Sleep | Command | Eval
 Flow = Generator[Step, Any, T]
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.
@@ -550,23 +552,22 @@ class Pool:
     ) -> Flow[T]:
         """Run ``call``, retrying transient errors with backoff: until
         ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
-        Every script is safe to run again after a reply was lost. A NOSCRIPT
-        answer loads the script and runs it again at once, up to
-        :data:`RELOADS` times and within the deadline: a flush may land
-        between the load and the retry."""
+        Every script is safe to run again after a reply was lost. After a
+        NOSCRIPT answer (a flush, a restart, a failover) the call runs by the
+        script's text (EVAL), which loads it again: unlike SCRIPT LOAD then
+        EVALSHA, no flush can land in between. Later tries (after a transient
+        error) run by text too: the server may have restarted."""
         retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
-        reloads, load = 0, False
+        reloads = 0
+        step: Call[T] | Eval = call
         while True:
             try:
-                if load:
-                    load = False
-                    yield Load(call.script)
-                reply = yield call
+                reply = yield step
             except NoScriptError:
                 reloads += 1
                 if reloads > RELOADS or retrier.out_of_time():
                     raise
-                load = True
+                step = Eval(call)
                 continue
             except Exception as exc:
                 delay = retrier.next_delay(exc)

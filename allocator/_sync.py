@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from . import _core
-from ._core import Call, Command, Flow, Load, Pool, Step, Wait
+from ._core import Call, Command, Eval, Flow, Pool, Step, Wait
 from ._scripts import scripts
 from ._transport import bound_client_retries, client_kind, no_client_retries
 from ._values import GCReport, Lease, PoolStatus
@@ -107,9 +107,10 @@ class FairAllocator:
             sha = self._scripts.sha[step.script]
             with no_client_retries():
                 return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-        if isinstance(step, Load):
+        if isinstance(step, Eval):
+            call, text = step.call, self._scripts.text[step.call.script]
             with no_client_retries():
-                return self._client.script_load(self._scripts.text[step.script])
+                return self._client.eval(text, len(call.keys), *call.keys, *call.args)
         if isinstance(step, Wait):
             return self._get_router().wait(step.lid, step.timeout)
         if isinstance(step, Command):
