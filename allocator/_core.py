@@ -65,6 +65,7 @@ __all__ = [
     "Sleep",
     "Step",
     "Wait",
+    "acl_key_pattern",
     "is_transient",
 ]
 
@@ -398,6 +399,24 @@ def _resources(resources: object) -> list[str]:
 def _escape(text: str) -> str:
     # Braces would break (or move) the cluster hash tag; % keeps it reversible.
     return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _glob_escape(text: str) -> str:
+    # Redis glob patterns (ACL key patterns, SCAN MATCH): \ first, then the
+    # characters that would match more than themselves.
+    for char in "\\*?[]":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def acl_key_pattern(name: str, prefix: str = "alloc") -> str:
+    """The ACL key pattern that covers the keys of pool ``name`` and no
+    other's: ``alloc:{name}:*``, the name escaped as the keys escape it, and
+    the glob characters ``* ? [ ] \\`` escaped so that no name can widen
+    it. Use it after ``~`` in ``ACL SETUSER`` (docs/operations.md)."""
+    name = _text("name", name, MAX_NAME)
+    prefix = _text("prefix", prefix, MAX_NAME)
+    return _glob_escape(f"{_escape(prefix)}:{{{_escape(name)}}}") + ":*"
 
 
 def _decode(value: Any) -> str:
