@@ -77,6 +77,8 @@ def _failed(error: Exception, fail: Any, args: Any, kwargs: Any) -> Any:
 class _BoundedSyncRetry(SyncRetry):
     """A redis-py ``Retry`` that makes one try while the library runs a command."""
 
+    __slots__ = ()  # the same layout as Retry's (redis-py 5 gives it slots)
+
     def get_retries(self) -> int:
         return 0 if _ONE_TRY.get() else super().get_retries()
 
@@ -92,6 +94,8 @@ class _BoundedSyncRetry(SyncRetry):
 
 class _BoundedAsyncRetry(AsyncRetry):
     """Same as :class:`_BoundedSyncRetry`, for redis-py's asyncio ``Retry``."""
+
+    __slots__ = ()
 
     def get_retries(self) -> int:
         return 0 if _ONE_TRY.get() else super().get_retries()

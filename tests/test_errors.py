@@ -349,48 +349,69 @@ class CountingBackoff(AbstractBackoff):
         return 0.0
 
 
+def sync_client(url: str) -> Any:
+    return redis.Redis.from_url(
+        url, retry=Retry(CountingBackoff(), 5), retry_on_error=[RedisConnectionError]
+    )
+
+
+def async_client(url: str) -> Any:
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    return redis.asyncio.Redis.from_url(
+        url, retry=AsyncRetry(CountingBackoff(), 5), retry_on_error=[RedisConnectionError]
+    )
+
+
 def test_library_calls_skip_the_clients_retries_user_calls_keep_them(
     server: RedisServer, pool_name: str
 ) -> None:
-    CountingBackoff.count = 0
-    backoff = CountingBackoff()
-    made = redis.Redis.from_url(server.url, retry=Retry(backoff, 5))
+    made = sync_client(server.url)
     pool = FairAllocator(made, pool_name)
     pool.extend(["r"])
     server.stop()
+    CountingBackoff.count = 0
     for call in (lambda: pool.acquire(timeout=1.0), pool.status, pool.gc):
         with pytest.raises(RedisConnectionError):
             call()
     with pytest.raises(RedisConnectionError):
         pool.release(Lease("r", 1, "x" * 22, "1-0", 0.0, 1.0, 0.0, pool_name))
-    # Before the fix each library command ran the client's 5 retries (and
-    # each connect 5 more) under the library's own.
+    # Before the fix each library command ran the client's 5 retries (and,
+    # with redis-py 8, each connect 5 more) under the library's own.
     assert CountingBackoff.count == 0
+    # The user's own commands retry exactly as on a client the library never saw.
     with pytest.raises(RedisConnectionError):
-        made.ping()  # the user's own command: the client's retries, as configured
-    assert CountingBackoff.count >= 5
+        made.ping()
+    used = CountingBackoff.count
+    CountingBackoff.count = 0
+    with pytest.raises(RedisConnectionError):
+        sync_client(server.url).ping()
+    assert used == CountingBackoff.count
     made.close()
 
 
 def test_async_library_calls_skip_the_clients_retries(server: RedisServer, pool_name: str) -> None:
-    from redis.asyncio.retry import Retry as AsyncRetry
-
-    CountingBackoff.count = 0
-    backoff = CountingBackoff()
-
-    async def scenario() -> int:
-        made = redis.asyncio.Redis.from_url(server.url, retry=AsyncRetry(backoff, 5))
+    async def scenario() -> tuple[int, int, int]:
+        made = async_client(server.url)
         pool = AsyncFairAllocator(made, pool_name)
         await pool.extend(["r"])
         server.stop()
+        CountingBackoff.count = 0
         for call in (lambda: pool.acquire(timeout=1.0), pool.status):
             with pytest.raises(RedisConnectionError):
                 await call()
         library = CountingBackoff.count
         with pytest.raises(RedisConnectionError):
             await made.ping()
+        used = CountingBackoff.count - library
         await made.aclose()
-        return library
+        CountingBackoff.count = 0
+        fresh = async_client(server.url)
+        with pytest.raises(RedisConnectionError):
+            await fresh.ping()
+        await fresh.aclose()
+        return library, used, CountingBackoff.count
 
-    assert asyncio.run(scenario()) == 0
-    assert CountingBackoff.count >= 5
+    library, used, reference = asyncio.run(scenario())
+    assert library == 0
+    assert used == reference
