@@ -42,7 +42,6 @@ from redis.exceptions import (
     AuthorizationError,
     ClusterError,
     NoPermissionError,
-    NoScriptError,
     ReadOnlyError,
     SlotNotCoveredError,
     TryAgainError,
@@ -58,7 +57,6 @@ __all__ = [
     "HEARTBEAT",
     "Call",
     "Command",
-    "Eval",
     "Flow",
     "Pool",
     "Retrier",
@@ -98,10 +96,6 @@ BACKOFF_CAP = 2.0
 #: An outage (transient errors without a success in between) this long is
 #: logged once at warning; each retry before that is logged at debug.
 OUTAGE_WARNING = 10.0
-#: Runs by text (EVAL) of a script the server no longer has (SCRIPT FLUSH, a
-#: restart, a failover) within one call; EVAL itself never answers NOSCRIPT,
-#: this only bounds a server that does.
-RELOADS = 5
 
 MAX_NAME = 200
 MAX_RESOURCE = 1024
@@ -315,15 +309,7 @@ class Command(NamedTuple):
     args: tuple[str, ...]
 
 
-class Eval(NamedTuple):
-    """Run ``call`` by its script's text (EVAL), not its SHA1: the server
-    answered NOSCRIPT. EVAL also caches the script, so the next EVALSHA
-    finds it; and it cannot meet a SCRIPT FLUSH between a load and a call."""
-
-    call: Call[Any]
-
-
-Step = Call[Any] | Wait | Sleep | Command | Eval
+Step = Call[Any] | Wait | Sleep | Command
 Flow = Generator[Step, Any, T]
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.
@@ -571,23 +557,13 @@ class Pool:
     ) -> Flow[T]:
         """Run ``call``, retrying transient errors with backoff: until
         ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
-        Every script is safe to run again after a reply was lost. After a
-        NOSCRIPT answer (a flush, a restart, a failover) the call runs by the
-        script's text (EVAL), which loads it again: unlike SCRIPT LOAD then
-        EVALSHA, no flush can land in between. Later tries (after a transient
-        error) run by text too: the server may have restarted."""
+        Every script is safe to run again after a reply was lost. (A script
+        the server no longer has never gets here: the shells run a call
+        that meets NOSCRIPT again at once by the script's text, EVAL.)"""
         retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
-        reloads = 0
-        step: Call[T] | Eval = call
         while True:
             try:
-                reply = yield step
-            except NoScriptError:
-                reloads += 1
-                if reloads > RELOADS or retrier.out_of_time():
-                    raise
-                step = Eval(call)
-                continue
+                reply = yield call
             except Exception as exc:
                 delay = retrier.next_delay(exc)
                 if delay is None:

@@ -14,8 +14,10 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
+from redis.exceptions import NoScriptError
+
 from . import _core
-from ._core import Call, Command, Eval, Flow, Pool, Step, Wait
+from ._core import Call, Command, Flow, Pool, Step, Wait
 from ._scripts import scripts
 from ._transport import bound_client_retries, client_kind, no_client_retries
 from ._values import GCReport, Lease, PoolStatus
@@ -104,13 +106,18 @@ class FairAllocator:
 
     def _step(self, step: Step) -> Any:
         if isinstance(step, Call):
-            sha = self._scripts.sha[step.script]
+            keys, args = step.keys, step.args
             with no_client_retries():
-                return self._client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-        if isinstance(step, Eval):
-            call, text = step.call, self._scripts.text[step.call.script]
-            with no_client_retries():
-                return self._client.eval(text, len(call.keys), *call.keys, *call.args)
+                try:
+                    return self._client.evalsha(
+                        self._scripts.sha[step.script], len(keys), *keys, *args
+                    )
+                except NoScriptError:
+                    # Flushed, restarted, failed over: run it by its text,
+                    # which caches it again. Unlike SCRIPT LOAD then EVALSHA,
+                    # no flush can land in between.
+                    text = self._scripts.text[step.script]
+                    return self._client.eval(text, len(keys), *keys, *args)
         if isinstance(step, Wait):
             return self._get_router().wait(step.lid, step.timeout)
         if isinstance(step, Command):
