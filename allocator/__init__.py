@@ -7,6 +7,7 @@
 """
 
 from ._async import AsyncFairAllocator
+from ._core import acl_key_pattern
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, PoolStatus, ResourceStatus
 from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
@@ -24,4 +25,5 @@ __all__ = [
     "PoolStatus",
     "ResourceStatus",
     "UnknownResource",
+    "acl_key_pattern",
 ]

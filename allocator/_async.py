@@ -1,7 +1,7 @@
 """`AsyncFairAllocator`: the asyncio shell around the core.
 
 Waiters of one allocator object share one signal list and one blocking
-reader (:class:`_Router`), which routes each grant to its waiter: ten
+reader (:class:`_Reader`), which routes each grant to its waiter: ten
 thousand waiting tasks use one connection for waiting, and one heartbeat
 a second keeps all of them alive in the queue.
 """
@@ -26,6 +26,7 @@ from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
 from ._scripts import Scripts, scripts
 from ._sync import heartbeat_for, is_cluster
+from ._transport import bound_client_retries, client_kind, no_client_retries
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
@@ -46,17 +47,19 @@ async def _step(
 ) -> Any:
     """Same as the sync shell's ``_step``, awaitable."""
     if isinstance(step, Call):
-        sha = scripts.sha[step.script]
-        try:
-            return await client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-        except NoScriptError:
-            await client.script_load(scripts.text[step.script])
-            return await client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+        keys, args = step.keys, step.args
+        with no_client_retries():
+            try:
+                return await client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
+            except NoScriptError:
+                # Same as the sync shell: run it by its text.
+                return await client.eval(scripts.text[step.script], len(keys), *keys, *args)
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return await reader().wait(step.lid, step.timeout)
     if isinstance(step, Command):
-        return await client.execute_command(*step.args)
+        with no_client_retries():
+            return await client.execute_command(*step.args)
     await asyncio.sleep(step.seconds)
     return None
 
@@ -105,6 +108,13 @@ class AsyncFairAllocator:
         prefix: str = "alloc",
     ) -> None:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        if client_kind(client) != "async":
+            raise TypeError(
+                f"client must be an asyncio Redis client for {type(self).__name__}, "
+                f"got the blocking {type(client).__module__}.{type(client).__qualname__}: "
+                "use FairAllocator with it"
+            )
+        bound_client_retries(client)
         self._client = client
         self._scripts = scripts()
 

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import math
+import random
 import secrets
+import ssl
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable
@@ -34,7 +37,16 @@ from typing import (
 
 import attrs
 from redis.crc import key_slot
-from redis.exceptions import ClusterError, ReadOnlyError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    AuthorizationError,
+    ClusterError,
+    NoPermissionError,
+    ReadOnlyError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -49,10 +61,15 @@ __all__ = [
     "Flow",
     "Hub",
     "Pool",
+    "Retrier",
     "Sleep",
     "Step",
     "Wait",
+    "acl_key_pattern",
+    "is_transient",
 ]
+
+_log = logging.getLogger("allocator")
 
 T = TypeVar("T")
 
@@ -78,21 +95,39 @@ RECENT = 4096
 CHUNK = 500
 #: Entries per gc step.
 GC_COUNT = 100
-#: Own retries of a single-call operation on a transport error.
-ATTEMPTS = 3
+#: How long a call with no deadline of its own (a single-call operation such
+#: as ``release`` or ``status``, a non-blocking ``acquire``) keeps retrying
+#: transient errors before it lets the last one through.
+RETRY_BUDGET = 2.0
+#: Full-jitter backoff between two tries: a uniform draw in
+#: [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)] after the n-th failure.
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 2.0
+#: An outage (transient errors without a success in between) this long is
+#: logged once at warning; each retry before that is logged at debug.
+OUTAGE_WARNING = 10.0
 
 #: The liveness mark a refresh sets, in ms (see ALIVE).
 ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
 
 MAX_NAME = 200
 MAX_RESOURCE = 1024
+#: The longest duration any argument may give (ttl, timeout, quarantine,
+#: rate window): ten years. A wait of "for ever" is ``timeout=None``.
 MAX_SECONDS = 10 * 365 * 24 * 3600.0
+#: Priorities are scores of a sorted set (doubles): beyond this they would
+#: lose the difference between neighbours.
+MAX_PRIORITY = 1e15
+#: Bounds of what a Lease's fields may hold (see Pool._check_lease).
+MAX_LEASE_ID = 128
+MAX_TOKEN = 2**63 - 1
 
 #: Errors that pass: a lost connection, a server still loading its data, a
 #: failover (a demoted master answers READONLY), a cluster slot in migration
 #: (TRYAGAIN until redis-py gives up) or a cluster that is reconfiguring.
 #: Every script is safe to run again, so these are retried within the
-#: caller's deadline.
+#: caller's deadline. Some permanent errors are subclasses of these
+#: (:data:`PERMANENT_ERRORS`): :func:`is_transient` tells them apart.
 TRANSIENT_ERRORS = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -101,6 +136,152 @@ TRANSIENT_ERRORS = (
     ReadOnlyError,
     SlotNotCoveredError,
 )
+
+#: Misconfigurations that no retry mends: a wrong password or user, an ACL
+#: that refuses a command or key, a TLS handshake or certificate refused.
+#: redis-py makes the first two subclasses of its ``ConnectionError``.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    AuthenticationError,
+    AuthorizationError,
+    AuthenticationWrongNumberOfArgsError,
+    NoPermissionError,
+    ssl.SSLError,
+    ssl.CertificateError,
+)
+try:  # redis-py >= 5.1
+    from redis.exceptions import ExternalAuthProviderError
+
+    PERMANENT_ERRORS += (ExternalAuthProviderError,)
+except ImportError:  # pragma: no cover
+    pass
+
+#: Texts of server errors that mean the same when redis-py does not map them
+#: to one of the classes above (or wraps them in a ConnectionError).
+_PERMANENT_TEXTS = ("WRONGPASS", "NOAUTH", "NOPERM", "invalid password", "CERTIFICATE_VERIFY")
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` may pass by itself, so that the call is worth retrying.
+
+    True for the transport errors of :data:`TRANSIENT_ERRORS`, unless the
+    error is (or was raised while handling) a permanent one: an
+    authentication or ACL refusal, a TLS error (redis-py turns an
+    ``ssl.SSLError`` into a ``ConnectionError`` raised from it). The shells'
+    flows and the readers both decide with this.
+    """
+    if not isinstance(error, TRANSIENT_ERRORS):
+        return False
+    seen: BaseException | None = error
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            break
+        if isinstance(seen, PERMANENT_ERRORS):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    text = str(error)
+    return not any(marker in text for marker in _PERMANENT_TEXTS)
+
+
+class Retrier:
+    """The retry policy of one call (or of one reader loop): which errors to
+    retry, how long to back off, when to give up, what to log.
+
+    Use::
+
+        retrier = Retrier("status", deadline=time.monotonic() + 2)
+        while True:
+            try:
+                reply = run()
+            except Exception as exc:
+                delay = retrier.next_delay(exc)
+                if delay is None:
+                    raise
+                sleep(delay)
+                continue
+            retrier.succeeded()
+
+    ``deadline`` (monotonic seconds) and ``attempts`` bound the tries; with
+    neither, transient errors are retried for ever (a reader, a blocking
+    acquire without timeout). Delays are full jitter
+    (``uniform(0, min(cap, base * 2**n))``), so that clients that lost the
+    server together do not come back in lockstep, and never reach past the
+    deadline. Each retry is logged at debug on logger ``allocator``; an
+    outage longer than :data:`OUTAGE_WARNING` is logged once at warning,
+    and its end at info. ``last_error`` is the last error seen, for a
+    caller that gives up for another reason (an AcquireTimeout chains it).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        deadline: float | None = None,
+        attempts: int | None = None,
+        base: float = BACKOFF_BASE,
+        cap: float = BACKOFF_CAP,
+        warn_after: float | None = None,
+    ) -> None:
+        self.what = what
+        self.deadline = deadline
+        self.attempts = attempts
+        self.base = base
+        self.cap = cap
+        self.warn_after = OUTAGE_WARNING if warn_after is None else warn_after
+        self.failures = 0
+        self.last_error: BaseException | None = None
+        self._outage_since: float | None = None
+        self._warned = False
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def next_delay(self, error: BaseException) -> float | None:
+        """Seconds to wait before the next try after ``error``, or None if
+        the caller must give up and raise it: a permanent error, no
+        attempts left, or the deadline reached."""
+        self.last_error = error
+        if not is_transient(error):
+            return None
+        now = time.monotonic()
+        self.failures += 1
+        if self._outage_since is None:
+            self._outage_since = now
+        if self.attempts is not None and self.failures >= self.attempts:
+            return None
+        remaining = None if self.deadline is None else self.deadline - now
+        if remaining is not None and remaining <= 0:
+            return None
+        ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 32))
+        delay = random.uniform(0, ceiling)
+        if remaining is not None:
+            delay = min(delay, remaining)
+        outage = now - self._outage_since
+        if outage >= self.warn_after and not self._warned:
+            self._warned = True
+            _log.warning(
+                "allocator: %s: Redis unreachable for %.1f s, still retrying: %r",
+                self.what,
+                outage,
+                error,
+            )
+        else:
+            _log.debug(
+                "allocator: %s: retry %d in %.3f s after %r", self.what, self.failures, delay, error
+            )
+        return delay
+
+    def succeeded(self) -> None:
+        """A try went through: the next failure starts a new outage."""
+        if self._warned and self._outage_since is not None:
+            _log.info(
+                "allocator: %s: Redis reachable again after %.1f s",
+                self.what,
+                time.monotonic() - self._outage_since,
+            )
+        self.failures = 0
+        self._outage_since = None
+        self._warned = False
+
 
 KEY_SUFFIXES = (
     "meta", "res", "gone", "free", "park", "q", "recs", "exp", "bind", "bexp", "alive", "rlog",
@@ -156,7 +337,11 @@ RECHECK = "r|"
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float (10**400)
+        bits = int(value).bit_length()
+        raise ValueError(f"{name} is out of range: an int of {bits} bits") from None
     if math.isnan(number):
         raise ValueError(f"{name} must be a number, not NaN")
     return number
@@ -177,12 +362,18 @@ def _ms(seconds: float) -> int:
 
 
 def _timeout(value: object) -> float | None:
+    """A wait: 0 to MAX_SECONDS seconds; None or +inf for no limit."""
     if value is None:
         return None
     number = _number("timeout", value)
-    if number < 0:
-        raise ValueError(f"timeout must be >= 0 or None, got {value!r}")
-    return None if math.isinf(number) else number
+    if math.isinf(number) and number > 0:
+        return None
+    if not 0 <= number <= MAX_SECONDS:
+        raise ValueError(
+            f"timeout must be between 0 and {MAX_SECONDS:.0f} seconds (ten years), or None "
+            f"for no limit; got {value!r}"
+        )
+    return number
 
 
 def _text(name: str, value: object, limit: int) -> str:
@@ -207,6 +398,24 @@ def _resources(resources: object) -> list[str]:
 def _escape(text: str) -> str:
     # Braces would break (or move) the cluster hash tag; % keeps it reversible.
     return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _glob_escape(text: str) -> str:
+    # Redis glob patterns (ACL key patterns, SCAN MATCH): \ first, then the
+    # characters that would match more than themselves.
+    for char in "\\*?[]":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def acl_key_pattern(name: str, prefix: str = "alloc") -> str:
+    """The ACL key pattern that covers the keys of pool ``name`` and no
+    other's: ``alloc:{name}:*``, the name escaped as the keys escape it, and
+    the glob characters ``* ? [ ] \\`` escaped so that no name can widen
+    it. Use it after ``~`` in ``ACL SETUSER`` (docs/operations.md)."""
+    name = _text("name", name, MAX_NAME)
+    prefix = _text("prefix", prefix, MAX_NAME)
+    return _glob_escape(f"{_escape(prefix)}:{{{_escape(name)}}}") + ":*"
 
 
 def _decode(value: Any) -> str:
@@ -324,10 +533,25 @@ class Pool:
         return None
 
     def _check_lease(self, lease: object) -> Lease:
+        """A lease's fields are the caller's to change (``attrs.evolve``, a
+        pickle from elsewhere): check every one the library reads back."""
         if not isinstance(lease, Lease):
             raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
+        _text("lease.pool", lease.pool, MAX_NAME)
         if lease.pool != self.name:
             raise ValueError(f"lease belongs to pool {lease.pool!r}, not {self.name!r}")
+        _text("lease.id", lease.id, MAX_LEASE_ID)
+        _text("lease.resource", lease.resource, MAX_RESOURCE)
+        ticket = _text("lease.ticket", lease.ticket, 64)
+        first, dash, second = ticket.partition("-")
+        if not (dash and first.isdigit() and second.isdigit() and first.isascii()):
+            raise ValueError(f"lease.ticket must be a stream id like '1700000000000-0': {ticket!r}")
+        token = lease.token
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise TypeError(f"lease.token must be an int, not {type(token).__name__}")
+        if not 0 <= token <= MAX_TOKEN:
+            raise ValueError(f"lease.token must be 0 to {MAX_TOKEN}, got {token}")
+        _seconds("lease.ttl", lease.ttl)
         return lease
 
     def _ttl_ms(self, ttl: object) -> int:
@@ -341,24 +565,24 @@ class Pool:
     ) -> Flow[T]:
         """Run ``call``, retrying transient errors with backoff: until
         ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
-        Every script is safe to run again after a reply was lost."""
-        delay, tries = 0.05, 0
+        Every script is safe to run again after a reply was lost. (A script
+        the server no longer has never gets here: the shells run a call
+        that meets NOSCRIPT again at once by the script's text, EVAL.)"""
+        retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
         while True:
-            tries += 1
             try:
                 reply = yield call
-            except TRANSIENT_ERRORS:
-                out_of_time = deadline is not None and time.monotonic() + delay >= deadline
-                if out_of_time or (attempts is not None and tries >= attempts):
+            except Exception as exc:
+                delay = retrier.next_delay(exc)
+                if delay is None:
                     raise
                 yield Sleep(delay)
-                delay = min(delay * 2, 2.0)
                 continue
             return call.parse(reply)
 
     @staticmethod
     def _single(call: Call[T]) -> Flow[T]:
-        return (yield from Pool._retrying(call, attempts=ATTEMPTS))
+        return (yield from Pool._retrying(call, deadline=time.monotonic() + RETRY_BUDGET))
 
     def _check_policy(self) -> Flow[None]:
         """Warn (once per allocator) if the server may evict the pool's keys.
@@ -415,6 +639,10 @@ class Pool:
     ) -> Flow[Lease | None]:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
+        if not blocking and deadline is None:
+            # A non-blocking call never waits in line: give its retries the
+            # same short budget as any single call (issue 8, item 1).
+            deadline = started + RETRY_BUDGET
         alive_ms = ALIVE_MS
         own = (*self.keys, self.signal_key(cid))
         enqueue: Call[State] = Call(
@@ -472,8 +700,9 @@ class Pool:
             # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
             # leave the queue, and pass on a grant that raced in. One try: if
             # it fails, the ticket's liveness runs out and dispatch drops it.
+            cancel = Call("cancel", own, (lid,), lambda reply: _tagged("cancel", reply))
             with contextlib.suppress(Exception):
-                yield Call("cancel", own, (lid,), lambda reply: _tagged("cancel", reply))
+                yield from self._retrying(cancel, attempts=1)
             raise
 
     # -- single-call operations ---------------------------------------------
@@ -492,7 +721,7 @@ class Pool:
 
     def renew(self, lease: object, ttl: object) -> Flow[Lease]:
         held = self._check_lease(lease)
-        ttl_ms = _ms(held.ttl if ttl is None else _seconds("ttl", ttl))
+        ttl_ms = _ms(_seconds("lease.ttl", held.ttl) if ttl is None else _seconds("ttl", ttl))
 
         def parse(reply: Any) -> Lease:
             tag, rest = _tagged("renew", reply)
@@ -513,11 +742,13 @@ class Pool:
         if isinstance(capacity, bool) or not isinstance(capacity, int):
             raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
         if not 1 <= capacity <= 2**31:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+            raise ValueError(f"capacity must be 1 to {2**31}, got {capacity}")
         if isinstance(priority, bool) or not isinstance(priority, (int, float)):
             raise TypeError(f"priority must be a number, not {type(priority).__name__}")
-        if not math.isfinite(priority):
-            raise ValueError(f"priority must be finite, got {priority!r}")
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:  # also NaN, inf and 10**400
+            raise ValueError(
+                f"priority must be a finite number within +-{MAX_PRIORITY:.0e}, got {priority!r}"
+            )
         score = repr(-priority) if isinstance(priority, float) else str(-priority)
         count, window_ms = 0, 0
         if rate is not None:

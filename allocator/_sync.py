@@ -22,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
 from ._scripts import Scripts, scripts
+from ._transport import bound_client_retries, client_kind, no_client_retries
 from ._values import GCReport, Lease, PoolStatus
 from .errors import LeaseLost
 
@@ -57,17 +58,21 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     """Carry out one step of a flow; ``reader`` gives the client's reader
     for a Wait."""
     if isinstance(step, Call):
-        sha = scripts.sha[step.script]
-        try:
-            return client.evalsha(sha, len(step.keys), *step.keys, *step.args)
-        except NoScriptError:
-            client.script_load(scripts.text[step.script])
-            return client.evalsha(sha, len(step.keys), *step.keys, *step.args)
+        keys, args = step.keys, step.args
+        with no_client_retries():
+            try:
+                return client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
+            except NoScriptError:
+                # Flushed, restarted, failed over: run it by its text, which
+                # caches it again. Unlike SCRIPT LOAD then EVALSHA, no flush
+                # can land in between.
+                return client.eval(scripts.text[step.script], len(keys), *keys, *args)
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return reader().wait(step.lid, step.timeout)
     if isinstance(step, Command):
-        return client.execute_command(*step.args)
+        with no_client_retries():
+            return client.execute_command(*step.args)
     time.sleep(step.seconds)
     return None
 
@@ -112,6 +117,13 @@ class FairAllocator:
         prefix: str = "alloc",
     ) -> None:
         self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        if client_kind(client) != "sync":
+            raise TypeError(
+                f"client must be a blocking Redis client for {type(self).__name__}, "
+                f"got the asyncio {type(client).__module__}.{type(client).__qualname__}: "
+                "use AsyncFairAllocator with it"
+            )
+        bound_client_retries(client)
         self._client = client
         self._scripts = scripts()
 

@@ -9,7 +9,10 @@ waiters anywhere in the queue, and expires stale soft bindings. Any number of
 these jobs may run at once. Each run prints its ``GCReport``.
 
 SIGTERM or SIGINT (Ctrl-C) stop the job cleanly: a run in progress finishes,
-then the job exits with status 0.
+then the job exits with status 0. Like ``allocator gc --every``, the job
+outlives a lost connection or a server restart: a failed run is reported on
+stderr in one line and the next run comes at its time. A refused password or
+ACL is no passing trouble: one line on stderr, exit status 1.
 """
 
 from __future__ import annotations
@@ -55,13 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stop.is_set():
             started = time.monotonic()
-            report = pool.gc()
-            took = time.monotonic() - started
-            print(
-                f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pool={args.pool!r} {report} "
-                f"took={took * 1000:.1f}ms",
-                flush=True,
-            )
+            try:
+                report = pool.gc()
+            except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+                print(f"gc job: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                return 1
+            except redis.RedisError as exc:
+                # Redis down, restarting, failing over: try again next time.
+                print(
+                    f"gc job: run failed, {type(exc).__name__}: {exc}", file=sys.stderr, flush=True
+                )
+            else:
+                took = time.monotonic() - started
+                print(
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pool={args.pool!r} {report} "
+                    f"took={took * 1000:.1f}ms",
+                    flush=True,
+                )
             stop.wait(args.every)
     finally:
         client.close()

@@ -196,6 +196,77 @@ def chaos_worker(
             })  # fmt: skip
 
 
+def fault_worker(
+    url: str, name: str, ledger_path: str, seed: int, stop: Any, ttl: float, hold: float
+) -> None:
+    """``chaos_worker``'s loop on a server under faults (tests/test_faults.py).
+
+    The same ledger records, plus ``error`` records: a call that failed with
+    a transport error (the server was down longer than a call's retry budget)
+    is written down and the loop goes on; if it was a release, the lease's
+    deadline bounds it in the ledger. Any other error ends the worker with a
+    traceback and a non-zero exit code, which fails the test: a NOSCRIPT
+    after a flush or a restart must never reach the caller.
+    """
+    client, pool = _pool(url, name, ttl)
+    rng = random.Random(seed)
+    transport = (redis.ConnectionError, redis.TimeoutError)
+    with open(ledger_path, "a", encoding="utf-8") as ledger:
+
+        def failed(op: str, exc: BaseException) -> None:
+            _write(ledger, {"kind": "error", "op": op, "error": type(exc).__name__})
+
+        def now() -> float:
+            while True:
+                try:
+                    return server_now(client)
+                except transport:
+                    time.sleep(0.05)
+
+        while not stop.value:
+            try:
+                lease = pool.acquire(timeout=2.0, ttl=ttl)
+            except AcquireTimeout:
+                continue
+            except transport as exc:
+                # A grant may have been made whose reply was lost: it is
+                # not ours to use; it is released by its waiter's cancel or
+                # reclaimed at its deadline, never used by two.
+                failed("acquire", exc)
+                continue
+            _write(ledger, {
+                "kind": "begin", "pid": os.getpid(), "resource": lease.resource,
+                "token": lease.token, "granted_at": lease.granted_at,
+                "expires_at": lease.expires_at, "start": now(),
+            })  # fmt: skip
+            time.sleep(rng.uniform(0, hold))
+            if rng.random() < 0.3:
+                try:
+                    lease = pool.renew(lease)
+                except LeaseLost:
+                    pass
+                except transport as exc:
+                    failed("renew", exc)
+                else:
+                    _write(ledger, {
+                        "kind": "renew", "token": lease.token, "resource": lease.resource,
+                        "expires_at": lease.expires_at,
+                    })  # fmt: skip
+                time.sleep(rng.uniform(0, hold))
+            _write(ledger, {
+                "kind": "end", "token": lease.token, "resource": lease.resource, "end": now(),
+            })  # fmt: skip
+            try:
+                released = pool.release(lease)
+            except transport as exc:
+                failed("release", exc)
+                continue
+            _write(ledger, {
+                "kind": "release", "token": lease.token, "resource": lease.resource,
+                "released": released,
+            })  # fmt: skip
+
+
 # -- the parent's side ----------------------------------------------------------------
 
 

@@ -57,6 +57,18 @@ def pytest_configure(config: pytest.Config) -> None:
         _DESCRIPTION = "fakeredis only (no redis-server on PATH and no REDIS_URL)"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the fakeredis fallback, skip what needs a real redis-server: tests
+    marked ``real_redis`` (some start servers of their own). Under CI=true
+    there is no fallback: pytest_configure has refused it already."""
+    if _URL is not None:
+        return
+    skip = pytest.mark.skip(reason="needs a real redis-server (fakeredis fallback)")
+    for item in items:
+        if item.get_closest_marker("real_redis") is not None:
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _SERVER is not None:
         _SERVER.close()

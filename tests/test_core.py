@@ -47,6 +47,13 @@ class Recorder:
         return command
 
 
+class AsyncRecorder(Recorder):
+    """The same, for an asyncio allocator: its commands are coroutines."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the library sent a command before rejecting its arguments")
+
+
 @pytest.fixture
 def offline() -> FairAllocator:
     return FairAllocator(Recorder(), "p")
@@ -85,12 +92,12 @@ def test_construction_rejects_bad_arguments(kwargs: dict[str, Any], error: type,
     with pytest.raises(error, match=word):
         FairAllocator(Recorder(), name, **args)
     with pytest.raises(error, match=word):
-        AsyncFairAllocator(Recorder(), name, **args)
+        AsyncFairAllocator(AsyncRecorder(), name, **args)
 
 
 def test_construction_does_no_io() -> None:
     FairAllocator(Recorder(), "any name {with} braces ✓", lease_ttl=0.5, prefix="x{y}")
-    AsyncFairAllocator(Recorder(), "p")
+    AsyncFairAllocator(AsyncRecorder(), "p")
 
 
 # -- arguments of every operation, checked before any I/O ---------------------

@@ -107,3 +107,43 @@ def test_gc_job_in_process(
     assert signal.getsignal(signal.SIGTERM) is before
     out = capsys.readouterr().out
     assert out.count("GCReport(") == 1 and "gc job stopped" in out
+
+
+def test_gc_job_outlives_a_server_restart(pool_name: str) -> None:
+    """The docs call it the same loop as ``allocator gc --every``: a failed
+    run is one line on stderr, and the job goes on (before: a traceback and
+    exit on the first Redis error)."""
+    from allocator._server import RedisServer
+
+    with RedisServer() as own:
+        job = start_job(own.url, pool_name, every=0.1)
+        try:
+            assert job.stdout is not None and job.stderr is not None
+            assert "GCReport(" in job.stdout.readline()
+            own.stop()
+            failed = job.stderr.readline()
+            assert failed.startswith("gc job: run failed, ConnectionError"), failed
+            own.start()
+            while True:  # runs that failed while the server was down, then a good one
+                line = job.stdout.readline()
+                assert line, "the job ended"
+                if "GCReport(" in line:
+                    break
+            assert job.poll() is None
+        finally:
+            job.send_signal(signal.SIGTERM)
+            out, _err = job.communicate(timeout=30)
+        assert job.returncode == 0
+        assert out.rstrip().endswith("gc job stopped"), out
+
+
+def test_gc_job_refused_password_is_one_line_and_exit_1(pool_name: str) -> None:
+    from allocator._server import RedisServer
+
+    with RedisServer() as own:
+        redis.Redis.from_url(own.url).config_set("requirepass", "right")
+        url = own.url.replace("redis://", "redis://:wrong@")
+        job = start_job(url, pool_name, every=0.1)
+        out, err = job.communicate(timeout=60)
+        assert job.returncode == 1, (out, err)
+        assert err.count("\n") == 1 and "AuthenticationError" in err, err

@@ -1,0 +1,169 @@
+"""What the shells need to know about a redis-py client, without I/O.
+
+- :func:`client_kind`: is it a blocking or an asyncio client? Checked when
+  an allocator is made, so that a client of the wrong kind fails at once
+  with a clear ``TypeError`` instead of at the first reply.
+- :func:`bound_client_retries` and :func:`no_client_retries`: redis-py
+  (>= 6) gives each client a ``Retry`` of its own (by default 10 retries
+  with backoff, run around every command *and* around every connect). Under
+  the library's own retries they stack: with Redis unreachable a call took
+  many seconds past its caller's timeout. The library runs its own
+  commands with the client's retries switched off (one try, so that the
+  core's retry policy alone decides, within the caller's deadline); the
+  user's own commands on the same client keep the client's retries as
+  configured.
+
+How: the client's ``Retry`` objects (the one new connections copy, those of
+the connections the pool already has, and a cluster's own) are given a
+subclass of their class that adds nothing but a check of a context
+variable: while the library runs a command, it makes one try; at any other
+time it does exactly what the original class does, since it *is* that class
+with the same state. A ``Retry`` of a class of the user's own is left alone
+(the library's calls then carry its retries, as before).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.retry import Retry as SyncRetry
+
+__all__ = ["bound_client_retries", "client_kind", "no_client_retries"]
+
+_ONE_TRY: contextvars.ContextVar[bool] = contextvars.ContextVar("allocator_one_try", default=False)
+
+
+def client_kind(client: object) -> str:
+    """``"sync"`` or ``"async"``: how ``client`` runs a command.
+
+    An asyncio client (``redis.asyncio.Redis``, ``redis.asyncio.cluster.
+    RedisCluster``, fakeredis ``FakeAsyncRedis``, or any client whose
+    ``execute_command`` is a coroutine function) is ``"async"``; a client
+    with a plain ``execute_command`` is ``"sync"``. Anything without one is
+    no Redis client: ``TypeError``.
+    """
+    execute = getattr(client, "execute_command", None)
+    if execute is None or not callable(execute):
+        raise TypeError(
+            "client must be a redis-py client (redis.Redis, redis.cluster.RedisCluster or "
+            f"their asyncio twins), not {type(client).__name__}"
+        )
+    function = getattr(execute, "__func__", execute)
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(execute):
+        return "async"
+    if type(client).__module__.startswith("redis.asyncio"):
+        return "async"
+    return "sync"
+
+
+def _failed(error: Exception, fail: Any, args: Any, kwargs: Any) -> Any:
+    """Call the caller's failure callback (it disconnects the connection) the
+    way ``Retry.call_with_retry`` would on the first failure; None if the
+    caller's ``is_retryable`` says the error is not for retrying."""
+    is_retryable = kwargs.get("is_retryable", args[0] if args else None)
+    if is_retryable is not None and not is_retryable(error):
+        return None
+    if kwargs.get("with_failure_count", args[1] if len(args) > 1 else False):
+        return fail(error, 1)
+    return fail(error)
+
+
+class _BoundedSyncRetry(SyncRetry):
+    """A redis-py ``Retry`` that makes one try while the library runs a command."""
+
+    __slots__ = ()  # the same layout as Retry's (redis-py 5 gives it slots)
+
+    def get_retries(self) -> int:
+        return 0 if _ONE_TRY.get() else super().get_retries()
+
+    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ONE_TRY.get():
+            return super().call_with_retry(do, fail, *args, **kwargs)
+        try:
+            return do()
+        except self._supported_errors as error:
+            _failed(error, fail, args, kwargs)
+            raise
+
+
+class _BoundedAsyncRetry(AsyncRetry):
+    """Same as :class:`_BoundedSyncRetry`, for redis-py's asyncio ``Retry``."""
+
+    __slots__ = ()
+
+    def get_retries(self) -> int:
+        return 0 if _ONE_TRY.get() else super().get_retries()
+
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ONE_TRY.get():
+            return await super().call_with_retry(do, fail, *args, **kwargs)
+        try:
+            return await do()
+        except self._supported_errors as error:
+            outcome = _failed(error, fail, args, kwargs)
+            if inspect.isawaitable(outcome):
+                await outcome
+            raise
+
+
+_BOUNDED: dict[type[Any], type[Any]] = {
+    SyncRetry: _BoundedSyncRetry,
+    AsyncRetry: _BoundedAsyncRetry,
+}
+
+
+def _bound(retry: Any) -> None:
+    bounded = _BOUNDED.get(type(retry))
+    if bounded is not None:
+        retry.__class__ = bounded
+
+
+def _holders(client: Any) -> Iterator[Any]:
+    """What holds connections of a client: its pool, or a cluster's nodes
+    (a sync cluster node has a client with a pool; an asyncio one keeps its
+    connections itself)."""
+    yield client
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        yield pool
+    manager = getattr(client, "nodes_manager", None)
+    if manager is not None:
+        yield manager
+    for node in list((getattr(manager, "nodes_cache", None) or {}).values()):
+        yield node
+        node_pool = getattr(getattr(node, "redis_connection", None), "connection_pool", None)
+        if node_pool is not None:
+            yield node_pool
+
+
+def bound_client_retries(client: Any) -> None:
+    """Make the library's commands on ``client`` run without the client's
+    own retries (see the module's docstring); no I/O, and no change to how
+    the user's own commands on ``client`` are retried."""
+    for holder in _holders(client):
+        _bound(getattr(holder, "retry", None))  # a cluster's own
+        kwargs = getattr(holder, "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            _bound(kwargs.get("retry"))
+        for name in ("_available_connections", "_in_use_connections", "_connections", "_free"):
+            conns = getattr(holder, name, None)
+            if isinstance(conns, (list, set, tuple, collections.deque)):
+                for conn in list(conns):
+                    _bound(getattr(conn, "retry", None))
+
+
+@contextlib.contextmanager
+def no_client_retries() -> Iterator[None]:
+    """Within this block (this thread, or this asyncio task), commands on a
+    client passed through :func:`bound_client_retries` make one try."""
+    token = _ONE_TRY.set(True)
+    try:
+        yield
+    finally:
+        _ONE_TRY.reset(token)

@@ -1,0 +1,107 @@
+"""Every ACL line that docs/operations.md documents, tried on a real server:
+the library runs as that user, and a per-pool user is refused another
+pool's keys (issue 8, item 12)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import NoPermissionError
+
+from allocator import FairAllocator, acl_key_pattern
+from allocator._server import RedisServer
+
+pytestmark = pytest.mark.real_redis
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
+def documented_lines() -> list[str]:
+    lines = re.findall(r"^ACL SETUSER .*$", DOC.read_text(encoding="utf-8"), flags=re.M)
+    assert len(lines) == 2, lines
+    return lines
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as made:
+        yield made
+
+
+def as_user(server: RedisServer, line: str, user: str, keys: str) -> Any:
+    """Create the documented user (its key pattern replaced by ``keys``) and
+    return a client logged in as it."""
+    words = line.split()[2:]  # after ACL SETUSER
+    words[0] = user
+    words = [w for w in words if not w.startswith("~")]
+    words.insert(words.index("resetkeys") + 1, "~" + keys)
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", *[w.replace(">CHANGE-ME", ">pw") for w in words])
+    admin.close()
+    return redis.Redis.from_url(server.url, username=user, password="pw")
+
+
+def exercise(pool: FairAllocator) -> None:
+    """Every operation of the library, as the restricted user."""
+    pool.extend(["a", "b"], capacity=1)
+    lease = pool.acquire(timeout=10, bind="job")
+    lease = pool.renew(lease)
+    waiter = pool.acquire(timeout=10)  # the second resource
+    assert pool.acquire(blocking=False) is None
+    assert pool.release(waiter, quarantine=0.01)
+    pool.bind("other", "b")
+    assert pool.unbind("other")
+    assert pool.status().size == 2
+    pool.gc()
+    assert pool.release(lease)
+    assert pool.remove(["a", "b"]) == 2
+
+
+def test_the_per_pool_line(server: RedisServer) -> None:
+    line = next(x for x in documented_lines() if "~alloc:{proxies}:*" in x)
+    # Names with glob characters must not widen the pattern: '*' must not
+    # cover 'star-and-more', '?x' must not cover 'ax'.
+    pairs = [
+        ("proxies", "proxies2"), ("*", "star-and-more"), ("?x", "ax"), ("[ab]", "a"),
+        ("back\\slash", "backslash"), ("{b}", "b"),
+    ]  # fmt: skip
+    for name, neighbour in pairs:
+        user = as_user(server, line, f"u{abs(hash(name))}", acl_key_pattern(name))
+        exercise(FairAllocator(user, name))
+        FairAllocator(redis.Redis.from_url(server.url), neighbour).extend(["n"])
+        other = FairAllocator(user, neighbour)
+        with pytest.raises(NoPermissionError):
+            other.status()
+        with pytest.raises(NoPermissionError):
+            other.acquire(timeout=5)
+        user.close()
+
+
+def test_the_every_pool_line(server: RedisServer) -> None:
+    line = next(x for x in documented_lines() if "~alloc:*" in x)
+    user = as_user(server, line, "every", "alloc:*")
+    for name in ("one", "two"):
+        exercise(FairAllocator(user, name))
+    # Without the optional +config|get the maxmemory check is skipped, and
+    # a user limited to the prefix's keys gets no key of another prefix.
+    with pytest.raises(NoPermissionError):
+        FairAllocator(user, "one", prefix="elsewhere").status()
+    user.close()
+
+
+def test_documented_commands_are_exactly_what_the_scripts_call() -> None:
+    lua = Path(__file__).resolve().parent.parent / "lua"
+    called = {
+        m.lower()
+        for f in lua.glob("*.lua")
+        for m in re.findall(r"redis\.p?call\('([A-Za-z]+)'", f.read_text(encoding="utf-8"))
+    }
+    for line in documented_lines():
+        granted = {w[1:].split("|")[0] for w in line.split() if w.startswith("+")}
+        assert called <= granted, called - granted
+        assert granted - called == {"evalsha", "eval", "blpop", "lpop"}, granted - called
