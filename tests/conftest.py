@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import redis
+from _workers import Proc
 from helpers import LoopThread, SyncView
 
 from allocator import AsyncFairAllocator, FairAllocator
@@ -186,3 +187,18 @@ def pool(factory: Factory, pool_name: str) -> Any:
 def raw(factory: Factory) -> Any:
     """A plain sync client on the same backend, for looking at keys."""
     return factory.sync_client(protocol=2, decode_responses=True)
+
+
+@pytest.fixture
+def procs() -> Iterator[Callable[..., Proc]]:
+    """Start worker processes; every one still running is killed after the test."""
+    made: list[Proc] = []
+
+    def start(target: Any, *args: Any, **kwargs: Any) -> Proc:
+        proc = Proc(target, *args, **kwargs)
+        made.append(proc)
+        return proc
+
+    yield start
+    for proc in made:
+        proc.close()

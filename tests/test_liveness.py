@@ -34,20 +34,6 @@ def client(redis_url: str) -> Iterator[Any]:
     made.close()
 
 
-@pytest.fixture
-def procs() -> Iterator[Callable[..., Proc]]:
-    made: list[Proc] = []
-
-    def start(target: Any, *args: Any, **kwargs: Any) -> Proc:
-        proc = Proc(target, *args, **kwargs)
-        made.append(proc)
-        return proc
-
-    yield start
-    for proc in made:
-        proc.close()
-
-
 def blocked_readers(client: Any) -> int:
     """Clients blocked in a BLPOP right now (a reader waiting on its list)."""
     return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c["flags"])

@@ -49,21 +49,6 @@ SLACK = 10.0
 # -- fixtures ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def procs() -> Iterator[Callable[..., Proc]]:
-    """Start worker processes; every one still running is killed after the test."""
-    made: list[Proc] = []
-
-    def start(target: Any, *args: Any, **kwargs: Any) -> Proc:
-        proc = Proc(target, *args, **kwargs)
-        made.append(proc)
-        return proc
-
-    yield start
-    for proc in made:
-        proc.close()
-
-
 @pytest.fixture(scope="module")
 def recovery_times(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[float]]]:
     times: dict[str, list[float]] = {}
