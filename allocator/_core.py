@@ -120,6 +120,10 @@ MAX_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_PRIORITY = 1e15
 #: Bounds of what a Lease's fields may hold (see Pool._check_lease).
 MAX_LEASE_ID = 128
+#: The most resources one acquire_many may ask for (a pool larger than this
+#: is served in several requests). The server also refuses a count larger
+#: than the pool.
+MAX_COUNT = 10_000
 MAX_TOKEN = 2**63 - 1
 
 #: Errors that pass: a lost connection, a server still loading its data, a
@@ -418,6 +422,15 @@ def acl_key_pattern(name: str, prefix: str = "alloc") -> str:
     return _glob_escape(f"{_escape(prefix)}:{{{_escape(name)}}}") + ":*"
 
 
+def _stream_id(text: str) -> tuple[int, int]:
+    """A stream id ``ms-seq`` as a pair that orders as the stream does."""
+    first, _, second = text.partition("-")
+    try:
+        return int(first), int(second)
+    except ValueError:
+        return -1, -1
+
+
 def _decode(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8")
@@ -443,9 +456,31 @@ def _unexpected(op: str, reply: Any) -> AllocatorError:
 
 _GONE = "gone"
 _BUSY = "busy"
-#: What a waiter learns about its ticket: granted, still queued (ticket and
-#: ms until it should look again, or None), gone from the queue, or busy.
-State = Lease | tuple[str, float | None] | str
+#: What a waiter learns about its ticket: granted (a lease, or the leases of
+#: acquire_many), still queued (ticket and ms until it should look again, or
+#: None), gone from the queue, or busy.
+State = Lease | list[Lease] | tuple[str, float | None] | str
+
+
+def many_id(lid: str, index: int) -> str:
+    """The lease id of resource ``index`` (from 0) of the acquire_many
+    request ``lid`` (prelude.lua ``P.many_id``): ``lid`` itself, then
+    ``<lid>.2``, ``<lid>.3``... A lease id from ``secrets.token_urlsafe``
+    never holds a dot, so the request's own id is the part before it."""
+    return lid if index == 0 else f"{lid}.{index + 1}"
+
+
+def request_of(lease_id: str) -> str:
+    """The request (waiter) a lease id belongs to: see :func:`many_id`."""
+    return lease_id.partition(".")[0]
+
+
+def _count(count: object) -> int:
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"count must be an int, not {type(count).__name__}")
+    if not 1 <= count <= MAX_COUNT:
+        raise ValueError(f"count must be 1 to {MAX_COUNT}, got {count}")
+    return count
 
 
 @attrs.define(eq=False)
@@ -507,26 +542,48 @@ class Pool:
             return (_decode(rest[0]), None if hint < 0 else hint / 1000)
         if tag in (_GONE, _BUSY) and not rest:
             return tag
+        if tag == "granted_many" and rest and len(rest) % 6 == 0:
+            return [
+                self._lease(many_id(lid, i // 6), rest[i : i + 6]) for i in range(0, len(rest), 6)
+            ]
+        if tag == "toomany" and len(rest) == 1:
+            raise ValueError(
+                f"count is larger than pool {self.name!r}: it has {int(rest[0])} resources"
+            )
         raise _unexpected(op, reply)
 
-    def _message(self, message: Any, lid: str, ticket: str) -> Lease | float | str | None:
+    def _message(
+        self, message: Any, lid: str, ticket: str, count: int | None = None
+    ) -> Lease | float | str | None:
         """A message from the signal list: this waiter's grant, a hint (seconds
-        until it should look again), RECHECK, or None for anything stale."""
+        until it should look again), RECHECK, or None for anything stale.
+        A waiter of acquire_many (``count``) takes the grant of any of its
+        leases: the first on its own ticket, the others on the entries
+        behind it."""
         text = _decode(message)
         if text == RECHECK:
             return RECHECK
         kind, _, rest = text.partition("|")
         if kind == "g":
             fields = rest.split("|", 5)
-            if len(fields) == 6 and fields[0] == lid and fields[1] == ticket:
-                _, _, token, granted_us, ttl_ms, resource = fields
+            if len(fields) == 6 and (
+                (fields[0] == lid and fields[1] == ticket)
+                or (
+                    count is not None
+                    and fields[0] in (many_id(lid, i) for i in range(1, count))
+                    and _stream_id(fields[1]) > _stream_id(ticket)
+                )
+            ):
+                lease_id, _, token, granted_us, ttl_ms, resource = fields
                 deadline_ms = int(granted_us) // 1000 + int(ttl_ms)
-                return self._lease(lid, [ticket, token, granted_us, deadline_ms, ttl_ms, resource])
+                return self._lease(
+                    lease_id, [fields[1], token, granted_us, deadline_ms, ttl_ms, resource]
+                )
         elif kind == "h":
             target, _, delay = rest.partition("|")
             if target == lid:
                 return int(delay) / 1000
-        elif kind == "x" and rest == lid:
+        elif kind == "x" and request_of(rest) == lid:
             # The grant was taken back while this client looked gone: the
             # waiter must look again (and queue again) at once.
             return RECHECK
@@ -625,8 +682,25 @@ class Pool:
         ttl_ms = self._ttl_ms(ttl)
         bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
         lid = secrets.token_urlsafe(16)
-        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking)
-        return Acquire(lid=lid, steps=steps)
+        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, None)
+        return Acquire(lid=lid, steps=_one(steps))
+
+    def acquire_many(
+        self, count: object, timeout: object, ttl: object, blocking: object, *, cid: str
+    ) -> AcquireMany:
+        """Same as :meth:`acquire`, for ``count`` resources at once, all or
+        nothing: one request in the same queue, granted at the head when
+        ``count`` resources are free at once (see lua/acquire_many.lua)."""
+        # (The `owner` of the leases, once leases carry one, is checked and
+        # passed here like in acquire.)
+        number = _count(count)
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = _timeout(timeout)
+        ttl_ms = self._ttl_ms(ttl)
+        lid = secrets.token_urlsafe(16)
+        steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, number)
+        return AcquireMany(lid=lid, count=number, steps=_many(steps))
 
     def _acquire(
         self,
@@ -636,7 +710,11 @@ class Pool:
         ttl_ms: int,
         bind: str | None,
         blocking: bool,
-    ) -> Flow[Lease | None]:
+        count: int | None,
+    ) -> Flow[Lease | list[Lease] | None]:
+        """The one waiting flow, of ``acquire`` (``count`` None) and of
+        ``acquire_many`` (the leases of ``count`` resources: it returns once
+        it has all of them, from one reply or from ``count`` pushes)."""
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         if not blocking and deadline is None:
@@ -645,15 +723,28 @@ class Pool:
             deadline = started + RETRY_BUDGET
         alive_ms = ALIVE_MS
         own = (*self.keys, self.signal_key(cid))
-        enqueue: Call[State] = Call(
-            "acquire",
-            own,
-            (lid, cid, ttl_ms, alive_ms, "1" if blocking else "0", bind or "", _ms(self.bind_ttl)),
-            lambda reply: self._state("acquire", lid, reply),
-        )
+        flag = "1" if blocking else "0"
+        many: tuple[str | int, ...] = ()
+        if count is None:
+            enqueue: Call[State] = Call(
+                "acquire",
+                own,
+                (lid, cid, ttl_ms, alive_ms, flag, bind or "", _ms(self.bind_ttl)),
+                lambda reply: self._state("acquire", lid, reply),
+            )
+        else:
+            many = ("", count)  # poll's probe (none) and count
+            enqueue = Call(
+                "acquire_many",
+                own,
+                (lid, cid, ttl_ms, alive_ms, flag, count),
+                lambda reply: self._state("acquire_many", lid, reply),
+            )
         poll: Call[State] = Call(
-            "poll", own, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
+            "poll", own, (lid, cid, alive_ms, *many), lambda reply: self._state("poll", lid, reply)
         )
+        # Grants of acquire_many pushed one lease at a time, by lease id.
+        got: dict[str, Lease] = {}
         try:
             # A lost reply is retried with the same lease id: the script finds
             # the first attempt's ticket, so the requester keeps its place.
@@ -661,8 +752,9 @@ class Pool:
             if state == _BUSY:
                 return None
             while True:
-                if isinstance(state, Lease):
+                if isinstance(state, (Lease, list)):
                     return state
+                got.clear()
                 if state == _GONE:
                     # The ticket left the queue without us (the pool's data was
                     # lost, or we looked dead for too long): queue again.
@@ -686,9 +778,15 @@ class Pool:
                         if deadline is not None and time.monotonic() >= deadline:
                             continue
                         break
-                    seen = self._message(message, lid, ticket)
-                    if isinstance(seen, Lease):
+                    seen = self._message(message, lid, ticket, count)
+                    if isinstance(seen, Lease) and count is None:
                         return seen
+                    if isinstance(seen, Lease):
+                        # One script run pushed them all: the others follow.
+                        got[seen.id] = seen
+                        if len(got) == count:
+                            return [got[many_id(lid, i)] for i in range(count)]
+                        continue
                     if isinstance(seen, float):
                         wake_at = time.monotonic() + seen
                     elif seen == RECHECK:
@@ -700,7 +798,7 @@ class Pool:
             # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
             # leave the queue, and pass on a grant that raced in. One try: if
             # it fails, the ticket's liveness runs out and dispatch drops it.
-            cancel = Call("cancel", own, (lid,), lambda reply: _tagged("cancel", reply))
+            cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
             with contextlib.suppress(Exception):
                 yield from self._retrying(cancel, attempts=1)
             raise
@@ -938,6 +1036,30 @@ class Acquire:
     steps: Flow[Lease | None] = attrs.field(repr=False)
 
 
+@attrs.frozen
+class AcquireMany:
+    """An acquire_many ready to be driven: the request's id (its messages,
+    one per lease, are routed by it: :func:`request_of`), and its steps."""
+
+    lid: str
+    count: int
+    steps: Flow[list[Lease] | None] = attrs.field(repr=False)
+
+
+def _one(steps: Flow[Lease | list[Lease] | None]) -> Flow[Lease | None]:
+    result = yield from steps
+    if isinstance(result, list):  # pragma: no cover - only acquire_many gets lists
+        raise AllocatorError("unexpected leases for a single acquire")
+    return result
+
+
+def _many(steps: Flow[Lease | list[Lease] | None]) -> Flow[list[Lease] | None]:
+    result = yield from steps
+    if isinstance(result, Lease):  # pragma: no cover - the flow never returns one here
+        raise AllocatorError("unexpected single lease for acquire_many")
+    return result
+
+
 # --------------------------------------------------------------------------
 # The reader's decisions
 # --------------------------------------------------------------------------
@@ -1078,7 +1200,8 @@ class Hub:
         text = _decode(message)
         lid = Pool.message_target(text)
         grant = text.startswith("g|")
-        entry = self._waiters.get(lid)
+        # A lease of acquire_many goes to the waiter of its request.
+        entry = self._waiters.get(lid) or self._waiters.get(request_of(lid))
         if entry is not None and entry[0] is served:
             if grant and self._silent(now) > ALIVE:
                 # Popped before a silence past the liveness window: the grant

@@ -14,6 +14,7 @@ __all__ = ["OPERATIONS", "Scripts", "load_scripts", "lua_dir", "scripts"]
 
 OPERATIONS = (
     "acquire",
+    "acquire_many",
     "poll",
     "cancel",
     "release",

@@ -496,6 +496,12 @@ function P:drop(t)
     return false
   end
   redis.call('XDEL', self.Q, t.id)
+  if t.x then
+    -- A place-holder entry of a multi request (see P:grant_many): it has
+    -- no record and is no waiter of its own.
+    self:extras(-1)
+    return true
+  end
   if raw then
     redis.call('HDEL', self.RECS, t.l)
   end
@@ -619,9 +625,30 @@ function P:dispatch(self_lid)
         return nil
       end
       drops = drops + 1
+    elseif t.x then
+      -- A place-holder whose multi request left without it (a gc page
+      -- boundary between the two): a leftover.
+      redis.call('XDEL', self.Q, t.id)
+      self:extras(-1)
     elseif not best then
       self:hint(t, self_lid)
       return nil
+    elseif t.n then
+      -- A request for several resources. Head-of-line rule: it is served
+      -- only when `n` resources are free at once, and while it waits at
+      -- the head nobody behind it is served either (no backfilling), so a
+      -- stream of single requests can never starve it. ZCARD of FREE is
+      -- the number of distinct resources that can be granted now:
+      -- quarantined, throttled (rate budget spent), draining and full ones
+      -- are not in it.
+      if redis.call('ZCARD', self.FREE) < tonumber(t.n) then
+        self:hint(t, self_lid)
+        return nil
+      end
+      local got = self:grant_many(t, self_lid)
+      if got and t.l == self_lid then
+        return got
+      end
     else
       local L = self:grant(t, best, self_lid)
       if t.l == self_lid then
@@ -629,4 +656,127 @@ function P:dispatch(self_lid)
       end
     end
   end
+end
+
+---------------------------------------------------------------------------
+-- Several resources at once (acquire_many)
+---------------------------------------------------------------------------
+
+-- A request for `n` resources is one place in the queue: its head entry
+-- (fields l, c, t and n) and right behind it n - 1 place-holder entries
+-- (fields l = `<lid>.<i>`, c, x = '1'), all added in one script run, so
+-- nobody is ever between them. At the grant, entry i becomes the ticket of
+-- lease i, so that every lease keeps exactly one pending stream entry and
+-- one EXP entry (`XLEN q - ZCARD exp` stays the count of waiting entries,
+-- and release, renew, reclaim and gc treat each lease as any other). META
+-- `xw` counts the place-holders still waiting, so that status() counts a
+-- waiting multi request once.
+function P:extras(d)
+  redis.call('HINCRBY', self.META, 'xw', d)
+end
+
+-- The lease id of resource i of the request `lid`.
+function P.many_id(lid, i)
+  if i == 1 then
+    return lid
+  end
+  return lid .. '.' .. i
+end
+
+-- Grant the head request `t` its `n` resources, in this one run: each one
+-- through P:grant, the single grant path, so that priorities,
+-- least-recently-free order, rate limits and pushes apply per resource.
+-- Resource i is the best free one not already chosen: the ones chosen
+-- before it that are still free (capacity > 1) are among the first i
+-- members of FREE, so one ZRANGE of i members finds it (O(n x log N) for
+-- the whole grant). The caller (ZCARD FREE >= n) made sure there are n.
+-- Returns the leases as a list of {lease id, lease}, or nil if the
+-- request's place-holders are missing (then the request is dropped: its
+-- waiter, told 'gone' by its next look, queues again).
+function P:grant_many(t, self_lid)
+  local n = tonumber(t.n)
+  local entries = {t}
+  if n > 1 then
+    local rest = redis.call('XRANGE', self.Q, '(' .. t.id, '+', 'COUNT', n - 1)
+    for i, e in ipairs(rest) do
+      local x = self.ticket_of(e)
+      if x.l ~= self.many_id(t.l, i + 1) then
+        break
+      end
+      entries[i + 1] = x
+    end
+  end
+  if #entries < n then
+    redis.call('XDEL', self.Q, t.id)
+    redis.call('HDEL', self.RECS, t.l)
+    self:unhint(t.l)
+    return nil
+  end
+  local mine = t.l == self_lid
+  local chosen, got = {}, {}
+  for i, e in ipairs(entries) do
+    local best = nil
+    for _, member in ipairs(redis.call('ZRANGE', self.FREE, 0, i - 1)) do
+      if not chosen[string.sub(member, 15)] then
+        best = member
+        break
+      end
+    end
+    -- Lease i is the head ticket with its own entry and lease id; every
+    -- other field of the head (ttl, client, and whatever a grant reads)
+    -- is the same for all of them.
+    local ti = {}
+    for k, v in pairs(t) do
+      ti[k] = v
+    end
+    ti.id, ti.l, ti.n = e.id, e.l, nil
+    local L = self:grant(ti, best, mine and e.l or nil)
+    chosen[L.res] = true
+    got[i] = {e.l, L}
+  end
+  if n > 1 then
+    self:extras(1 - n)
+  end
+  return got
+end
+
+-- The leases of a granted request `lid` for `n` resources: all n as a list
+-- of {lease id, lease}, or nil. A grant of which some leases already ended
+-- (taken back while its client looked gone, expired before the waiter
+-- looked) is ended whole: a requester holds all of its resources or none.
+-- Also returns the raw record of the first lease id (W|ticket while waiting).
+function P:many_load(lid, n)
+  local got = {}
+  local first, raw = self:lease_load(lid)
+  for i = 1, n do
+    local id = self.many_id(lid, i)
+    local L = first
+    if i > 1 then
+      L = self:lease_load(id)
+    end
+    if L then
+      got[#got + 1] = {id, L}
+    end
+  end
+  if #got == n then
+    return got, raw
+  end
+  for _, g in ipairs(got) do
+    self:end_and_settle(g[1], g[2])
+  end
+  if #got > 0 then
+    raw = nil
+  end
+  return nil, raw
+end
+
+function P.many_reply(got)
+  local out = {'granted_many'}
+  for _, g in ipairs(got) do
+    local L = g[2]
+    for _, v in ipairs({L.ticket, L.token, L.granted, L.deadline, L.ttl, L.res}) do
+      out[#out + 1] = v
+    end
+  end
+  return out
 end

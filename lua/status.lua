@@ -7,7 +7,9 @@ P:maintain()
 P:dispatch(nil)
 local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss')
 local out = {
-  'status', P.now_s, redis.call('ZCARD', P.FREE), P:waiting(),
+  -- A waiting multi request counts once, not once per entry.
+  'status', P.now_s, redis.call('ZCARD', P.FREE),
+  math.max(0, P:waiting() - tonumber(redis.call('HGET', P.META, 'xw') or 0)),
   redis.call('ZCOUNT', P.BEXP, '(' .. P.now, '+inf'), tonumber(meta[1] or 0),
   tonumber(meta[2] or 0),
 }
