@@ -1,0 +1,270 @@
+"""Several resources at once (CONTRACT.md section 10): acquire_many and lease_many.
+
+The scenarios of the first part run in every flavour (conftest.FLAVOURS);
+those of the second part use several OS processes against the real server
+(workers in ``_many_workers.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from helpers import Background, ticket_key, wait_until
+
+from allocator import AcquireTimeout, Lease, LeaseLost
+
+
+def queue_keys(pool: Any) -> tuple[str, str, str]:
+    inner = getattr(pool, "inner", pool)
+    keys = inner._pool.keys
+    return keys[5], keys[7], keys[0]  # q, exp, meta
+
+
+def nothing_waits(pool: Any, raw: Any) -> None:
+    """The queue holds exactly the granted tickets: no waiter, no place-holder."""
+    q, exp, meta = queue_keys(pool)
+    assert pool.status().waiting == 0
+    assert raw.xlen(q) == raw.zcard(exp) == pool.status().leased
+    assert int(raw.hget(meta, "xw") or 0) == 0
+
+
+def test_acquire_many_grants_distinct_resources_each_with_its_own_lease(pool: Any) -> None:
+    pool.extend(["g0", "g1", "g2", "g3"])
+    leases = pool.acquire_many(3, timeout=5)
+    assert len(leases) == 3 and all(isinstance(lease, Lease) for lease in leases)
+    assert len({lease.resource for lease in leases}) == 3
+    assert len({lease.id for lease in leases}) == 3
+    assert len({lease.ticket for lease in leases}) == 3
+    # One step: granted at the same server instant.
+    assert len({lease.granted_at for lease in leases}) == 1
+    status = pool.status()
+    assert (status.size, status.free, status.leased, status.waiting) == (4, 1, 3, 0)
+    # Each lease lives on its own: renew and release one by one.
+    renewed = pool.renew(leases[1], ttl=30)
+    assert renewed.expires_at <= leases[1].expires_at
+    assert pool.release(leases[0]) is True
+    assert pool.status().leased == 2
+    assert pool.release(leases[0]) is False
+    assert all(pool.release(lease) for lease in leases[1:])
+    assert pool.status().free == 4
+
+
+def test_count_one_and_the_whole_pool(pool: Any, raw: Any) -> None:
+    pool.extend(["a", "b"])
+    (one,) = pool.acquire_many(1, timeout=5)
+    pool.release(one)
+    both = pool.acquire_many(2, timeout=5)
+    assert {lease.resource for lease in both} == {"a", "b"}
+    assert pool.acquire_many(1, blocking=False) is None
+    for lease in both:
+        pool.release(lease)
+    nothing_waits(pool, raw)
+
+
+def test_count_larger_than_the_pool_is_refused(pool: Any, raw: Any) -> None:
+    with pytest.raises(ValueError, match="count"):
+        pool.acquire_many(1, timeout=1)  # an empty pool has size 0
+    pool.extend(["a", "b"])
+    with pytest.raises(ValueError, match="count"):
+        pool.acquire_many(3, timeout=1)
+    with pytest.raises(ValueError, match="count"):
+        pool.acquire_many(3, blocking=False)
+    nothing_waits(pool, raw)
+    assert len(pool.acquire_many(2, timeout=5)) == 2
+
+
+def test_capacity_counts_once_per_resource(pool: Any) -> None:
+    # A resource with several free slots is one resource: a request for two
+    # gets two distinct ones, even when the big one comes first every time.
+    pool.extend(["big"], capacity=3, priority=10)
+    pool.extend(["small"])
+    leases = pool.acquire_many(2, timeout=5)
+    assert sorted(lease.resource for lease in leases) == ["big", "small"]
+    assert leases[0].resource == "big"  # priority order within the grant
+    # Only "big" has free slots now: one resource, so a request for two waits.
+    assert pool.acquire_many(2, blocking=False) is None
+    with pytest.raises(AcquireTimeout):
+        pool.acquire_many(2, timeout=0.2)
+    assert pool.acquire(timeout=5).resource == "big"
+
+
+def test_priorities_and_least_recently_free_apply_per_resource(pool: Any) -> None:
+    pool.extend(["low1", "low2"], priority=0)
+    pool.extend(["high"], priority=5)
+    first = pool.acquire(timeout=5)
+    assert first.resource == "high"
+    pool.release(first)
+    solo = pool.acquire(timeout=5)  # high again, then low1 (free for longest)
+    pool.release(pool.acquire(timeout=5))
+    pool.release(solo)
+    leases = pool.acquire_many(3, timeout=5)
+    assert [lease.resource for lease in leases][0] == "high"
+    assert [lease.resource for lease in leases][1:] == ["low2", "low1"]
+
+
+def test_rate_limited_and_quarantined_resources_do_not_count(pool: Any) -> None:
+    pool.extend(["limited"], rate=(1, 600), priority=5)
+    pool.extend(["x", "y"])
+    once = pool.acquire(timeout=5)
+    assert once.resource == "limited"
+    pool.release(once)  # its budget is spent: throttled, not free
+    assert pool.status().free == 2
+    with pytest.raises(AcquireTimeout):
+        pool.acquire_many(3, timeout=0.2)
+    pair = pool.acquire_many(2, timeout=5)
+    assert {lease.resource for lease in pair} == {"x", "y"}
+    for lease in pair:
+        pool.release(lease, quarantine=600 if lease.resource == "x" else None)
+    assert pool.acquire_many(2, blocking=False) is None
+    (single,) = pool.acquire_many(1, timeout=5)
+    assert single.resource == "y"
+
+
+def test_rate_limit_counts_each_grant(pool: Any) -> None:
+    pool.extend(["a", "b"], rate=(2, 600))
+    for _ in range(2):
+        for lease in pool.acquire_many(2, timeout=5):
+            pool.release(lease)
+    # Two grants each in the window: both are out of budget.
+    assert pool.status().free == 0
+    assert pool.acquire(blocking=False) is None
+
+
+def test_nonblocking_never_passes_a_waiter(pool: Any, raw: Any) -> None:
+    pool.extend(["a", "b", "c"])
+    held = pool.acquire_many(2, timeout=5)
+    waiter = Background(lambda: pool.acquire_many(2, timeout=20))
+    wait_until(lambda: pool.status().waiting == 1, what="the multi request queued")
+    # One resource is free, but a request for two waits ahead: nobody passes.
+    assert pool.status().free == 1
+    assert pool.acquire(blocking=False) is None
+    assert pool.acquire_many(1, blocking=False) is None
+    pool.release(held[0])
+    got = waiter.join()
+    assert len(got) == 2
+    pool.release(held[1])
+    assert pool.acquire_many(1, blocking=False) is not None
+
+
+def test_head_of_line_single_behind_multi_waits(pool: Any, raw: Any) -> None:
+    """FIFO between single and multi requests: a single request that came
+    after a multi one is not served before it, even with a resource free."""
+    pool.extend(["a", "b", "c"])
+    held = pool.acquire_many(3, timeout=5)
+    multi = Background(lambda: pool.acquire_many(2, timeout=20))
+    wait_until(lambda: pool.status().waiting == 1, what="the multi request queued")
+    single = Background(lambda: pool.acquire(timeout=20))
+    wait_until(lambda: pool.status().waiting == 2, what="the single request queued")
+    pool.release(held[0])
+    # Decided inside release's own script run: the free resource stays free.
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (1, 2, 2)
+    assert not multi.done and not single.done
+    pool.release(held[1])
+    pair = multi.join()
+    # The single request is still behind: all three are held.
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (0, 3, 1)
+    pool.release(held[2])
+    one = single.join()
+    assert ticket_key(pair[0].ticket) < ticket_key(one.ticket)
+    for lease in (*pair, one):
+        pool.release(lease)
+    nothing_waits(pool, raw)
+
+
+def test_timeout_leaves_nothing_behind(pool: Any, raw: Any) -> None:
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5)
+    with pytest.raises(AcquireTimeout):
+        pool.acquire_many(2, timeout=0.3)
+    nothing_waits(pool, raw)
+    # A single request is served at once: no ghost is left at the head.
+    other = pool.acquire(blocking=False)
+    assert other is not None
+    pool.release(held)
+    pool.release(other)
+    assert len(pool.acquire_many(2, timeout=5)) == 2
+
+
+def test_timeout_racing_the_grant_leaks_nothing(pool: Any, raw: Any) -> None:
+    pool.extend(["a", "b", "c"])
+    for _ in range(20):
+        held = pool.acquire_many(3, timeout=5)
+        racer = Background(lambda: pool.acquire_many(3, timeout=0.05))
+        for lease in held:
+            pool.release(lease)
+        try:
+            got = racer.join()
+        except AcquireTimeout:
+            got = []
+        for lease in got:
+            assert pool.release(lease) is True
+        status = pool.status()
+        assert (status.free, status.leased, status.waiting) == (3, 0, 0)
+    nothing_waits(pool, raw)
+
+
+def test_lease_many_releases_all_on_exit(pool: Any) -> None:
+    pool.extend(["a", "b", "c"])
+    with pool.lease_many(2, timeout=5) as leases:
+        assert len(leases) == 2
+        assert pool.status().leased == 2
+    assert pool.status().leased == 0
+    with pytest.raises(KeyError, match="boom"):
+        with pool.lease_many(3, timeout=5):
+            raise KeyError("boom")
+    assert pool.status().leased == 0
+
+
+def test_lease_many_exit_raises_when_one_was_lost(pool: Any) -> None:
+    pool.extend(["a", "b"])
+    with pytest.raises(LeaseLost):
+        with pool.lease_many(2, timeout=5) as leases:
+            pool.remove([leases[1].resource], force=True)
+    status = pool.status()
+    assert (status.size, status.leased) == (1, 0)
+
+
+def test_lease_many_keepalive_renews_all(pool: Any, raw: Any) -> None:
+    pool.extend(["a", "b"])
+    with pool.lease_many(2, timeout=5, ttl=0.3, keepalive=True) as leases:
+        deadline = max(lease.expires_at for lease in leases)
+        # Past every lease's first deadline on the server clock: kept alive.
+        wait_until(lambda: _server_now(raw) > deadline + 0.3, what="past the first deadline")
+        assert pool.status().leased == 2
+    assert pool.status().leased == 0
+
+
+def _server_now(raw: Any) -> float:
+    seconds, micros = raw.time()
+    return int(seconds) + int(micros) / 1e6
+
+
+def test_threads_mixing_single_and_multi_keep_capacity(pool: Any) -> None:
+    pool.extend(["a", "b", "c"])
+    inside: dict[str, int] = {"a": 0, "b": 0, "c": 0}
+    worst = {"over": 0}
+    lock = threading.Lock()
+
+    def work(count: int) -> None:
+        for _ in range(8):
+            leases = pool.acquire_many(count, timeout=30)
+            with lock:
+                for lease in leases:
+                    inside[lease.resource] += 1
+                    worst["over"] = max(worst["over"], inside[lease.resource])
+            with lock:
+                for lease in leases:
+                    inside[lease.resource] -= 1
+            for lease in leases:
+                assert pool.release(lease) is True
+
+    runs = [Background(lambda c=c: work(c)) for c in (1, 2, 3, 1, 2)]
+    for run in runs:
+        run.join(60)
+    assert worst["over"] == 1
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (3, 0, 0)
