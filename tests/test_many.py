@@ -7,6 +7,8 @@ those of the second part use several OS processes against the real server
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from typing import Any
 
@@ -267,3 +269,196 @@ def test_threads_mixing_single_and_multi_keep_capacity(pool: Any) -> None:
     assert worst["over"] == 1
     status = pool.status()
     assert (status.free, status.leased, status.waiting) == (3, 0, 0)
+
+
+# -- several OS processes, real server ----------------------------------------------
+
+
+@pytest.fixture
+def real(redis_url: str, pool_name: str) -> Any:
+    import redis
+
+    from allocator import FairAllocator
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield FairAllocator(client, pool_name), client
+    client.close()
+
+
+def queued(pool: Any, waiting: int) -> None:
+    wait_until(lambda: pool.status().waiting == waiting, timeout=30, what=f"{waiting} waiting")
+
+
+def shape(pool: Any) -> tuple[int, int, int]:
+    status = pool.status()
+    return status.free, status.leased, status.waiting
+
+
+@pytest.mark.real_redis
+def test_processes_fifo_between_single_and_multi(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    from _many_workers import many_leaser
+    from _workers import leaser
+
+    pool, _raw = real
+    pool.extend(["a", "b", "c"])
+    held = pool.acquire_many(3, timeout=5)
+    # In this order: two, one, three, one.
+    p1 = procs(many_leaser, redis_url, pool_name, 2, wait_go=True)
+    p2 = procs(leaser, redis_url, pool_name, wait_go=True)
+    p3 = procs(many_leaser, redis_url, pool_name, 3, wait_go=True)
+    p4 = procs(leaser, redis_url, pool_name, wait_go=True)
+    for number, proc in enumerate((p1, p2, p3, p4), start=1):
+        proc.expect("ready")
+        proc.send("go")
+        queued(pool, number)
+
+    # Each release serves the queue in its own script run, so the shape of
+    # the pool right after it is decided.
+    pool.release(held[0])
+    assert shape(pool) == (1, 2, 4)  # the head wants two
+    pool.release(held[1])
+    first = p1.expect("granted")
+    assert shape(pool) == (0, 3, 3)
+    pool.release(held[2])
+    second = p2.expect("granted")
+    assert shape(pool) == (0, 3, 2)
+    p2.send("release")
+    assert p2.expect("released") is True
+    # One resource is free and a single request waits, but a request for
+    # three is ahead of it: nobody passes the head.
+    assert shape(pool) == (1, 2, 2)
+    assert p4.poll() is None
+    p1.send("release")
+    assert p1.expect("released") == [True, True]
+    third = p3.expect("granted")
+    assert shape(pool) == (0, 3, 1)
+    p3.send("release")
+    assert p3.expect("released") == [True, True, True]
+    fourth = p4.expect("granted")
+    tickets = [first[0].ticket, second.ticket, third[0].ticket, fourth.ticket]
+    assert tickets == sorted(tickets, key=ticket_key)
+    p4.send("release")
+    p4.expect("released")
+    assert shape(pool) == (3, 0, 0)
+
+
+@pytest.mark.real_redis
+def test_processes_multi_is_not_starved_by_single_requests(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    from _many_workers import churner, many_leaser
+
+    pool, _raw = real
+    pool.extend(["a", "b"])
+    # Three processes keep both resources busy, one request after another:
+    # at every moment somebody holds one, so a request for both is served
+    # only because it keeps its place at the head.
+    singles = [procs(churner, redis_url, pool_name, 1) for _ in range(3)]
+    for proc in singles:
+        proc.expect("round")
+    multi = procs(many_leaser, redis_url, pool_name, 2, timeout=60)
+    multi.expect("ready")
+    leases = multi.expect("granted", timeout=60)
+    assert {lease.resource for lease in leases} == {"a", "b"}
+    multi.send("release")
+    assert multi.expect("released") == [True, True]
+    for proc in singles:
+        proc.send("stop")
+    for proc in singles:
+        assert proc.until("stopped") > 0
+    pool.gc()
+    assert shape(pool) == (2, 0, 0)
+
+
+@pytest.mark.real_redis
+def test_processes_dead_holder_of_several_frees_all_after_its_ttl(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    from _many_workers import many_leaser
+
+    pool, raw = real
+    pool.extend(["a", "b", "c"])
+    holder = procs(many_leaser, redis_url, pool_name, 3, ttl=1.0)
+    holder.expect("ready")
+    before = holder.expect("granted")
+    holder.kill()
+    assert shape(pool)[1] == 3
+    # A waiter reclaims them all at their deadline (no gc job needed).
+    after = pool.acquire_many(3, timeout=30)
+    old = {lease.resource: lease.token for lease in before}
+    assert all(lease.token > old[lease.resource] for lease in after)
+    for lease in after:
+        pool.release(lease)
+    nothing_waits(pool, raw)
+
+
+@pytest.mark.real_redis
+def test_processes_timeout_interrupt_and_death_of_a_waiter_leave_nothing(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    from _many_workers import many_leaser
+    from _workers import leaser
+
+    pool, raw = real
+    pool.extend(["a", "b"])
+    held = pool.acquire_many(2, timeout=5)
+    timed = procs(many_leaser, redis_url, pool_name, 2, timeout=0.5)
+    timed.expect("ready")
+    timed.expect("timeout")
+    assert pool.status().waiting == 0
+
+    interrupted = procs(many_leaser, redis_url, pool_name, 2, timeout=None)
+    interrupted.expect("ready")
+    queued(pool, 1)
+    os.kill(interrupted.pid, signal.SIGINT)
+    interrupted.expect("interrupted")
+    assert pool.status().waiting == 0
+
+    # A waiter killed at the head holds up those behind it for its liveness
+    # window at most, place-holders included.
+    dead = procs(many_leaser, redis_url, pool_name, 2, wait_go=True)
+    dead.expect("ready")
+    dead.send("go")
+    queued(pool, 1)
+    single = procs(leaser, redis_url, pool_name, wait_go=True)
+    single.expect("ready")
+    single.send("go")
+    queued(pool, 2)
+    dead.kill()
+    pool.release(held[0])
+    got = single.expect("granted", timeout=30)
+    single.send("release")
+    single.expect("released")
+    assert got.resource == held[0].resource
+    pool.release(held[1])
+    pool.gc()
+    nothing_waits(pool, raw)
+    assert shape(pool) == (2, 0, 0)
+
+
+@pytest.mark.real_redis
+def test_processes_never_show_a_partial_grant(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    from _many_workers import churner
+
+    pool, _raw = real
+    pool.extend(["a", "b", "c", "d"])
+    # Only requests for two, whose leases end by expiry (both at one
+    # deadline, reclaimed in one run): every snapshot holds an even number.
+    pairs = [procs(churner, redis_url, pool_name, 2, expire=0.02) for _ in range(3)]
+    for proc in pairs:
+        proc.expect("round")
+    seen = set()
+    for _ in range(300):
+        status = pool.status()
+        assert status.leased % 2 == 0, status
+        assert sum(row.leases for row in status.resources) == status.leased
+        seen.add(status.leased)
+    for proc in pairs:
+        proc.send("stop")
+    for proc in pairs:
+        proc.until("stopped")
+    assert seen - {0}, "no snapshot caught a grant"
