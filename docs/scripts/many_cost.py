@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print("script         count  server/grant    server/release  client/cycle")
         for count in (None, 1, 2, 8):
             r = measure(client, count, args.n)
+            grant = f"{r['grant_p50_us']:6.0f} ({r['grant_p90_us']:4.0f})"
             print(
-                f"{r['script']:<13}  {r['count']:>5}  {r['grant_p50_us']:6.0f} ({r['grant_p90_us']:4.0f})"
+                f"{r['script']:<13}  {r['count']:>5}  {grant}"
                 f"   {r['release_p50_us']:6.0f}           {r['cycle_p50_us']:7.0f}"
             )
         client.close()
