@@ -782,10 +782,16 @@ class Pool:
                     if isinstance(seen, Lease) and count is None:
                         return seen
                     if isinstance(seen, Lease):
-                        # One script run pushed them all: the others follow.
+                        # One script run pushed them all: the others follow,
+                        # normally in the same batch. If one never comes (it
+                        # ended before it was popped: its message went with
+                        # it), a look within a heartbeat settles it: all the
+                        # leases, or none and a place at the back.
                         got[seen.id] = seen
                         if len(got) == count:
                             return [got[many_id(lid, i)] for i in range(count)]
+                        soon = time.monotonic() + HEARTBEAT
+                        wake_at = soon if wake_at is None else min(wake_at, soon)
                         continue
                     if isinstance(seen, float):
                         wake_at = time.monotonic() + seen

@@ -17,6 +17,47 @@ from helpers import Background, ticket_key, wait_until
 
 from allocator import AcquireTimeout, Lease, LeaseLost
 
+# -- the core's part, no Redis ----------------------------------------------------
+
+
+def test_core_reads_a_multi_grant_reply_and_its_messages() -> None:
+    from allocator._core import RECHECK, Hub, Pool
+
+    pool = Pool.create("p", lease_ttl=1, bind_ttl=1, prefix="a")
+    row = ["5-{}", "17950000000000{}", "1795357126155123", "1795357126215", "60000", "gpu|{}"]
+    reply = [b"granted_many"]
+    for i in range(3):
+        reply += [field.format(i).encode() for field in row]
+    leases = pool._state("acquire_many", "lid", reply)
+    assert isinstance(leases, list)
+    assert [lease.id for lease in leases] == ["lid", "lid.2", "lid.3"]
+    assert [lease.resource for lease in leases] == ["gpu|0", "gpu|1", "gpu|2"]
+    assert [lease.ticket for lease in leases] == ["5-0", "5-1", "5-2"]
+    with pytest.raises(ValueError, match="count"):
+        pool._state("acquire_many", "lid", [b"toomany", b"2"])
+    with pytest.raises(Exception, match="unexpected"):
+        pool._state("acquire_many", "lid", [b"granted_many", b"5-0"])
+
+    # Pushed grants: the first lease on the request's own ticket, the others
+    # on the entries behind it; anything else is stale.
+    first = "g|lid|5-0|17|1795357126155123|60000|gpu-0"
+    second = "g|lid.2|5-1|18|1795357126155123|60000|gpu-1"
+    assert pool._message(first, "lid", "5-0", 2).id == "lid"  # type: ignore[union-attr]
+    assert pool._message(second, "lid", "5-0", 2).id == "lid.2"  # type: ignore[union-attr]
+    assert pool._message(second, "lid", "5-0") is None  # a single waiter takes no lid.2
+    assert pool._message(second, "lid", "5-1", 2) is None  # not behind the ticket
+    assert pool._message("g|lid.3|5-2|1|1|1|r", "lid", "5-0", 2) is None  # beyond count
+    assert pool._message("x|lid.2", "lid", "5-0", 2) == RECHECK
+
+    # The hub routes every lease of a request to the request's waiter.
+    hub = Hub(1.0)
+    hub.register(pool, "lid", "inbox")
+    key = pool.signal_key(hub.cid)
+    assert hub.route(key, second, 0.0)[:2] == ("inbox", second)
+    assert hub.route(key, "x|lid.2", 0.0)[:2] == ("inbox", "x|lid.2")
+    acks, _ = hub.plan()
+    assert acks == [(pool.keys[12], ["lid.2"])]
+
 
 def queue_keys(pool: Any) -> tuple[str, str, str]:
     inner = getattr(pool, "inner", pool)
@@ -462,3 +503,46 @@ def test_processes_never_show_a_partial_grant(
     for proc in pairs:
         proc.until("stopped")
     assert seen - {0}, "no snapshot caught a grant"
+
+
+@pytest.mark.real_redis
+def test_a_grant_that_lost_a_lease_before_pickup_is_ended_whole(real: Any) -> None:
+    """If one lease of a pushed grant ends before its waiter took it (as an
+    expiry would), the waiter never keeps the others: its next look ends
+    them and queues again, and it is served whole."""
+    from allocator._core import Wait
+
+    pool, raw = real
+    pool.extend(["a", "b"])
+    held = pool.acquire_many(2, timeout=5)
+    reader = pool._reader()
+    flow = pool._pool.acquire_many(2, 30, None, True, cid=reader.cid)
+    reader.register(pool._pool, flow.lid)
+    try:
+        step = flow.steps.send(None)  # queue
+        step = flow.steps.send(pool._step(step))
+        assert isinstance(step, Wait)  # queued behind nobody, nothing free
+        for lease in held:
+            pool.release(lease)  # both granted and pushed, in one run
+        recs = pool._pool.keys[6]
+        record = raw.hget(recs, f"{flow.lid}.2").split("|")
+        second = Lease(
+            resource=record[8], token=int(record[2]), id=f"{flow.lid}.2", ticket=record[1],
+            expires_at=int(record[4]) / 1000, ttl=60.0, granted_at=int(record[3]) / 1e6,
+            pool=pool.name,
+        )  # fmt: skip
+        assert pool.release(second) is True  # gone before anyone popped it
+        while True:
+            try:
+                step = flow.steps.send(pool._step(step))
+            except StopIteration as stop:
+                leases = stop.value
+                break
+    finally:
+        reader.unregister(flow.lid)
+    assert [lease.id for lease in leases] == [flow.lid, f"{flow.lid}.2"]
+    assert leases[1].token > second.token
+    assert shape(pool) == (0, 2, 0)
+    for lease in leases:
+        assert pool.release(lease) is True
+    nothing_waits(pool, raw)
