@@ -546,3 +546,71 @@ def test_a_grant_that_lost_a_lease_before_pickup_is_ended_whole(real: Any) -> No
     for lease in leases:
         assert pool.release(lease) is True
     nothing_waits(pool, raw)
+
+
+@pytest.mark.real_redis
+def test_gc_drops_a_dead_multi_waiter_with_its_place_holders(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    from _many_workers import many_leaser
+    from _workers import leaser
+
+    from allocator._core import ALIVE_MS
+
+    pool, raw = real
+    pool.extend(["a", "b", "c"])
+    held = pool.acquire_many(3, timeout=5)
+    ahead = procs(leaser, redis_url, pool_name, wait_go=True)
+    ahead.expect("ready")
+    ahead.send("go")
+    queued(pool, 1)
+    dead = procs(many_leaser, redis_url, pool_name, 3, wait_go=True)
+    dead.expect("ready")
+    dead.send("go")
+    queued(pool, 2)
+    q, _exp, meta = queue_keys(pool)
+    assert int(raw.hget(meta, "xw")) == 2
+    dead.kill()
+    gone_at = _server_now(raw) + ALIVE_MS / 1000
+    wait_until(lambda: _server_now(raw) > gone_at, timeout=30, what="its liveness ran out")
+    report = pool.gc()
+    assert report.dropped_waiters == 1  # one waiter, whatever it asked for
+    assert pool.status().waiting == 1
+    assert int(raw.hget(meta, "xw")) == 0
+    assert raw.xlen(q) == 3 + 1  # the three leases and the live waiter
+    pool.release(held[0])
+    ahead.expect("granted")
+    ahead.send("release")
+    ahead.expect("released")
+    for lease in held[1:]:
+        pool.release(lease)
+    nothing_waits(pool, raw)
+
+
+@pytest.mark.real_redis
+def test_async_cancellation_of_acquire_many_leaves_nothing(real: Any, redis_url: str) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    from allocator import AsyncFairAllocator
+
+    pool, raw = real
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5)
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        apool = AsyncFairAllocator(client, pool.name)
+        task = asyncio.create_task(apool.acquire_many(2))
+        while (await apool.status()).waiting == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client.aclose()
+
+    asyncio.run(scenario())
+    nothing_waits(pool, raw)
+    pool.release(held)
+    assert len(pool.acquire_many(2, blocking=False) or []) == 2
