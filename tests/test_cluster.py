@@ -609,6 +609,8 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     assert admin.extend(["r"]) == 1  # extend
     admin.bind("w", "r")  # bind
     assert admin.unbind("w") is True  # unbind
+    (one,) = admin.acquire_many(1, timeout=5)  # acquire_many
+    assert admin.release(one) is True
     held = admin.acquire(blocking=False, bind="w")  # acquire
     assert held is not None
     held = admin.renew(held)  # renew

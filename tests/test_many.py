@@ -614,3 +614,31 @@ def test_async_cancellation_of_acquire_many_leaves_nothing(real: Any, redis_url:
     nothing_waits(pool, raw)
     pool.release(held)
     assert len(pool.acquire_many(2, blocking=False) or []) == 2
+
+
+@pytest.mark.real_redis
+def test_the_cost_script_of_docs_performance_runs() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from allocator._server import find_redis_server
+
+    if find_redis_server() is None:
+        pytest.skip("needs redis-server on PATH")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "docs/scripts/many_cost.py", "--n", "20"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("acquire", "1"),
+        ("acquire_many", "1"),
+        ("acquire_many", "2"),
+        ("acquire_many", "8"),
+    ]
