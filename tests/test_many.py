@@ -642,3 +642,39 @@ def test_the_cost_script_of_docs_performance_runs() -> None:
         ("acquire_many", "2"),
         ("acquire_many", "8"),
     ]
+
+
+@pytest.mark.real_redis
+def test_a_grant_pushed_to_a_stalled_waiter_is_taken_back_whole(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    """The waiter's process is stopped (SIGSTOP) when its grant of two is
+    pushed: once its liveness runs out, both leases are taken back and the
+    resources serve others; resumed, the waiter queues again and is served
+    whole."""
+    from _many_workers import many_leaser
+
+    pool, raw = real
+    pool.extend(["a", "b"])
+    held = pool.acquire_many(2, timeout=5)
+    waiter = procs(many_leaser, redis_url, pool_name, 2, wait_go=True)
+    waiter.expect("ready")
+    waiter.send("go")
+    queued(pool, 1)
+    waiter.pause()
+    try:
+        for lease in held:
+            pool.release(lease)
+        assert shape(pool) == (0, 2, 0)  # granted and pushed, not picked up
+        wait_until(lambda: shape(pool) == (2, 0, 0), timeout=30, what="both taken back")
+        other = pool.acquire_many(2, blocking=False)
+        assert other is not None
+        for lease in other:
+            pool.release(lease)
+    finally:
+        waiter.resume()
+    leases = waiter.expect("granted", timeout=30)
+    assert {lease.resource for lease in leases} == {"a", "b"}
+    waiter.send("release")
+    assert waiter.expect("released") == [True, True]
+    nothing_waits(pool, raw)
