@@ -305,13 +305,7 @@ function P:reclaim(limit)
       redis.call('RPUSH', key, msg)
       self:schedule(self.PICK, self.now + self.PICKUP_MS, lid)
     else
-      self:end_and_settle(lid, L)
-      self.reclaimed = self.reclaimed + 1
-      -- Only while its liveness mark is still there: gc deletes the list
-      -- together with the mark, and must not find it made again after.
-      if redis.call('ZSCORE', self.ALIVE, L.cid) then
-        redis.call('RPUSH', self.SIG .. L.cid, 'x|' .. lid)
-      end
+      self:take_back(lid, L)
     end
   end
   local due = redis.call('ZRANGEBYSCORE', self.EXP, '-inf', self.now, 'LIMIT', 0, limit)
@@ -325,6 +319,46 @@ function P:reclaim(limit)
     end
   end
   return math.max(#picks, #due)
+end
+
+-- Take back a pushed grant that its client never acknowledged, its
+-- liveness having run out; the client, should it come back, finds a notice
+-- `x|<lease id>` that makes the waiter look again at once.
+-- A grant of acquire_many is taken back whole: every other lease of the
+-- same request that is still unacknowledged goes with it, in this run
+-- (the pick-up checks of its leases are due together, but a batch could
+-- part them). They sit in consecutive stream entries (added in one run;
+-- entries are only ever appended), whose lease ids are the request's id
+-- or `<id>.<i>`: the walk goes both ways from the ticket while the
+-- entries belong to the request. For a single lease it costs two reads.
+function P:take_back(lid, L)
+  local base = string.match(lid, '^[^.]*')
+  self:take_one(lid, L)
+  for _, cmd in ipairs({{'XRANGE', '+'}, {'XREVRANGE', '-'}}) do
+    local from = L.ticket
+    while true do
+      local e = redis.call(cmd[1], self.Q, '(' .. from, cmd[2], 'COUNT', 1)[1]
+      local t = e and self.ticket_of(e)
+      if not t or not t.l or string.match(t.l, '^[^.]*') ~= base then
+        break
+      end
+      from = e[1]
+      local S = self:lease_load(t.l)
+      if S and S.ticket == e[1] and self:unclaimed(t.l, S) then
+        self:take_one(t.l, S)
+      end
+    end
+  end
+end
+
+function P:take_one(lid, L)
+  self:end_and_settle(lid, L)
+  self.reclaimed = self.reclaimed + 1
+  -- Only while its liveness mark is still there: gc deletes the list
+  -- together with the mark, and must not find it made again after.
+  if redis.call('ZSCORE', self.ALIVE, L.cid) then
+    redis.call('RPUSH', self.SIG .. L.cid, 'x|' .. lid)
+  end
 end
 
 -- Quarantines and rate throttles that ended: back into rotation, unless the

@@ -678,3 +678,42 @@ def test_a_grant_pushed_to_a_stalled_waiter_is_taken_back_whole(
     waiter.send("release")
     assert waiter.expect("released") == [True, True]
     nothing_waits(pool, raw)
+
+
+@pytest.mark.real_redis
+def test_take_back_of_a_multi_grant_is_whole_even_one_check_at_a_time(
+    real: Any, redis_url: str, pool_name: str, procs: Any
+) -> None:
+    """One script run that handles a single pick-up check (a gc step of
+    count 1) still takes back every lease of the grant, not one of three."""
+    from _many_workers import many_leaser
+
+    from allocator._core import Call
+
+    pool, raw = real
+    pool.extend(["a", "b", "c"])
+    held = pool.acquire_many(3, timeout=5)
+    waiter = procs(many_leaser, redis_url, pool_name, 3, wait_go=True)
+    waiter.expect("ready")
+    waiter.send("go")
+    queued(pool, 1)
+    waiter.pause()
+    for lease in held:
+        pool.release(lease)
+    keys = pool._pool.keys
+    exp, alive, pick = keys[7], keys[10], keys[12]
+    assert raw.zcard(exp) == raw.zcard(pick) == 3  # pushed, not picked up
+    marks = raw.zrange(alive, 0, -1, withscores=True) + raw.zrange(pick, 0, -1, withscores=True)
+    due = max(score for _, score in marks)
+    wait_until(lambda: _server_now(raw) * 1000 > due + 1, timeout=30, what="liveness ran out")
+    # Plain reads until here: no script ran the checks. Now one, of one entry.
+    step = Call("gc", keys, ("0-0", "", "", 1), lambda reply: reply)
+    pool._drive(pool._pool._single(step))
+    assert raw.zcard(exp) == 0 and raw.zcard(pick) == 0
+    assert shape(pool) == (3, 0, 0)
+    waiter.resume()
+    leases = waiter.expect("granted", timeout=30)
+    assert len(leases) == 3
+    waiter.send("release")
+    assert waiter.expect("released") == [True, True, True]
+    nothing_waits(pool, raw)
