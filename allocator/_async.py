@@ -272,13 +272,15 @@ class AsyncFairAllocator:
                     await self.release(lease)
             raise
         losses = [await keeper.stop() for keeper in keepers]
-        released = [await self.release(lease) for lease in held]
-        lost = next((loss for loss in losses if loss is not None), None)
-        if lost is None and not all(released):
-            first = held[released.index(False)]
-            lost = LeaseLost(self.name, first.resource, first.token, "lost while held")
-        if lost is not None:
-            raise lost
+        released: list[bool | BaseException] = []
+        for lease in held:  # every one, whatever happens to another
+            try:
+                released.append(await self.release(lease))
+            except Exception as exc:
+                released.append(exc)
+        failure = self._pool.lost_many(held, released, losses)
+        if failure is not None:
+            raise failure
 
     async def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
         """Same as :meth:`FairAllocator.renew <allocator.FairAllocator.renew>`, awaitable."""

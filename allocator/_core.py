@@ -1006,6 +1006,25 @@ class Pool:
             repaired=repaired,
         )
 
+    def lost_many(
+        self,
+        held: list[Lease],
+        released: list[bool | BaseException],
+        losses: list[LeaseLost | None],
+    ) -> BaseException | None:
+        """What the exit of ``lease_many`` raises, if anything: the first
+        LeaseLost a keeper met, else a LeaseLost for the first lease whose
+        release found it ended, else the first error a release raised (every
+        release was tried). ``released`` holds each release's result or
+        error; ``losses`` each keeper's LeaseLost or None."""
+        lost = next((loss for loss in losses if loss is not None), None)
+        if lost is not None:
+            return lost
+        for lease, result in zip(held, released, strict=True):
+            if result is False:
+                return LeaseLost(self.name, lease.resource, lease.token, "lost while held")
+        return next((r for r in released if isinstance(r, BaseException)), None)
+
     def heartbeat(self, cid: str, probe: str) -> Call[tuple[str, bool, bool]]:
         """The client-level poll of a reader: keeps all of client ``cid``'s
         waiters alive, and returns the pool's epoch, whether waiter

@@ -59,6 +59,24 @@ def test_core_reads_a_multi_grant_reply_and_its_messages() -> None:
     assert acks == [(pool.keys[12], ["lid.2"])]
 
 
+def test_core_decides_what_the_exit_of_lease_many_raises() -> None:
+    from allocator._core import Pool
+
+    pool = Pool.create("p", lease_ttl=1, bind_ttl=1, prefix="a")
+    held = [
+        Lease(resource=r, token=t, id=f"id{t}", ticket=f"1-{t}", expires_at=9.0, ttl=1.0,
+              granted_at=1.0, pool="p")
+        for r, t in (("a", 1), ("b", 2))
+    ]  # fmt: skip
+    kept = LeaseLost("p", "b", 2, "renewal failed")
+    down = ConnectionError("server gone")
+    assert pool.lost_many(held, [True, True], [None, None]) is None
+    assert pool.lost_many(held, [True, False], [None, kept]) is kept
+    lost = pool.lost_many(held, [down, False], [None, None])
+    assert isinstance(lost, LeaseLost) and lost.resource == "b"
+    assert pool.lost_many(held, [True, down], [None, None]) is down
+
+
 def queue_keys(pool: Any) -> tuple[str, str, str]:
     inner = getattr(pool, "inner", pool)
     keys = inner._pool.keys
