@@ -120,10 +120,10 @@ MAX_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_PRIORITY = 1e15
 #: Bounds of what a Lease's fields may hold (see Pool._check_lease).
 MAX_LEASE_ID = 128
-#: The most resources one acquire_many may ask for (a pool larger than this
-#: is served in several requests). The server also refuses a count larger
-#: than the pool.
-MAX_COUNT = 10_000
+#: The most resources one acquire_many may ask for (its script reads the
+#: records of all of them in one call, and Lua unpacks at most a few
+#: thousand values). The server also refuses a count larger than the pool.
+MAX_COUNT = 1000
 MAX_TOKEN = 2**63 - 1
 
 #: Errors that pass: a lost connection, a server still loading its data, a

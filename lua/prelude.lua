@@ -780,16 +780,17 @@ end
 -- looked) is ended whole: a requester holds all of its resources or none.
 -- Also returns the raw record of the first lease id (W|ticket while waiting).
 function P:many_load(lid, n)
-  local got = {}
-  local first, raw = self:lease_load(lid)
+  local got, ids = {}, {}
   for i = 1, n do
-    local id = self.many_id(lid, i)
-    local L = first
-    if i > 1 then
-      L = self:lease_load(id)
-    end
-    if L then
-      got[#got + 1] = {id, L}
+    ids[i] = self.many_id(lid, i)
+  end
+  -- One read for all (a new request has none of them); each lease found is
+  -- then read and parsed by lease_load.
+  local raws = redis.call('HMGET', self.RECS, unpack(ids))
+  local raw = raws[1] or nil
+  for i = 1, n do
+    if raws[i] and string.byte(raws[i], 1) == 76 then -- 'L'
+      got[#got + 1] = {ids[i], self:lease_load(ids[i])}
     end
   end
   if #got == n then

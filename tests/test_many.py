@@ -735,3 +735,18 @@ def test_take_back_of_a_multi_grant_is_whole_even_one_check_at_a_time(
     waiter.send("release")
     assert waiter.expect("released") == [True, True, True]
     nothing_waits(pool, raw)
+
+
+def test_the_largest_count_runs(factory: Any, pool_name: str) -> None:
+    from allocator._core import MAX_COUNT
+
+    pool = factory.pool(pool_name)
+    pool.extend([f"r{i}" for i in range(MAX_COUNT)])
+    leases = pool.acquire_many(MAX_COUNT, timeout=30)
+    assert len({lease.resource for lease in leases}) == MAX_COUNT
+    assert pool.status().leased == MAX_COUNT
+    with pytest.raises(AcquireTimeout):
+        pool.acquire_many(MAX_COUNT, timeout=0.1)  # queues, cancels: O(count) each
+    for lease in leases:
+        pool.release(lease)
+    assert pool.status().free == MAX_COUNT
