@@ -720,10 +720,11 @@ end
 -- Grant the head request `t` its `n` resources, in this one run: each one
 -- through P:grant, the single grant path, so that priorities,
 -- least-recently-free order, rate limits and pushes apply per resource.
--- Resource i is the best free one not already chosen: the ones chosen
--- before it that are still free (capacity > 1) are among the first i
--- members of FREE, so one ZRANGE of i members finds it (O(n x log N) for
--- the whole grant). The caller (ZCARD FREE >= n) made sure there are n.
+-- Resource i is the best free one not already chosen: only chosen ones
+-- still free (capacity > 1) can come before it in FREE, so one ZRANGE of
+-- one more member than those finds it (O(n x log N) for the whole grant
+-- on a pool of exclusive resources). The caller (ZCARD FREE >= n) made
+-- sure there are n.
 -- Returns the leases as a list of {lease id, lease}, or nil if the
 -- request's place-holders are missing (then the request is dropped: its
 -- waiter, told 'gone' by its next look, queues again).
@@ -747,10 +748,12 @@ function P:grant_many(t, self_lid)
     return nil
   end
   local mine = t.l == self_lid
-  local chosen, got = {}, {}
-  for i, e in ipairs(entries) do
+  -- `stay`: resources chosen so far that are still in FREE (capacity > 1
+  -- with a slot left); only they can come before the best new one.
+  local chosen, got, stay = {}, {}, 0
+  for _, e in ipairs(entries) do
     local best = nil
-    for _, member in ipairs(redis.call('ZRANGE', self.FREE, 0, i - 1)) do
+    for _, member in ipairs(redis.call('ZRANGE', self.FREE, 0, stay)) do
       if not chosen[string.sub(member, 15)] then
         best = member
         break
@@ -766,7 +769,10 @@ function P:grant_many(t, self_lid)
     ti.id, ti.l, ti.n = e.id, e.l, nil
     local L = self:grant(ti, best, mine and e.l or nil)
     chosen[L.res] = true
-    got[i] = {e.l, L}
+    got[#got + 1] = {e.l, L}
+    if self.records[L.res].stamp ~= '' then
+      stay = stay + 1
+    end
   end
   if n > 1 then
     self:extras(1 - n)

@@ -151,6 +151,16 @@ def test_capacity_counts_once_per_resource(pool: Any) -> None:
     assert pool.acquire(timeout=5).resource == "big"
 
 
+def test_shared_resources_of_high_priority_each_count_once(pool: Any) -> None:
+    pool.extend(["h1", "h2"], capacity=4, priority=5)
+    pool.extend(["l1", "l2"])
+    first = pool.acquire_many(3, timeout=5)
+    assert sorted(lease.resource for lease in first) == ["h1", "h2", "l1"]
+    second = pool.acquire_many(3, timeout=5)  # h1, h2 still have slots
+    assert sorted(lease.resource for lease in second) == ["h1", "h2", "l2"]
+    assert pool.acquire_many(3, blocking=False) is None  # two resources left
+
+
 def test_priorities_and_least_recently_free_apply_per_resource(pool: Any) -> None:
     pool.extend(["low1", "low2"], priority=0)
     pool.extend(["high"], priority=5)
