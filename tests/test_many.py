@@ -760,3 +760,55 @@ def test_the_largest_count_runs(factory: Any, pool_name: str) -> None:
     for lease in leases:
         pool.release(lease)
     assert pool.status().free == MAX_COUNT
+
+
+def test_a_retried_acquire_many_keeps_its_place_and_its_grant(pool: Any, raw: Any) -> None:
+    """A reply lost and the call sent again (same request id): the request
+    is queued once, and a grant is handed over again, not made twice."""
+    inner = getattr(pool, "inner", pool)
+    if inner is not pool:
+        pytest.skip("drives the sync shell's steps")
+    q, _exp, meta = queue_keys(pool)
+    pool.extend(["a", "b", "c"])
+    held = pool.acquire_many(3, timeout=5)
+    reader = pool._reader()
+    flow = pool._pool.acquire_many(2, 30, None, True, cid=reader.cid)
+    enqueue = flow.steps.send(None)
+    first = enqueue.parse(pool._step(enqueue))
+    again = enqueue.parse(pool._step(enqueue))
+    assert isinstance(first, tuple) and isinstance(again, tuple)
+    assert first[0] == again[0]  # queued once: the same ticket
+    assert pool.status().waiting == 1 and int(raw.hget(meta, "xw")) == 1
+    assert raw.xlen(q) == 3 + 2
+    pool.release(held[0])
+    pool.release(held[1])  # granted and pushed to the (idle) waiter
+    status = pool.status()
+    assert (status.leased, status.waiting) == (3, 0)
+    granted = enqueue.parse(pool._step(enqueue))
+    regranted = enqueue.parse(pool._step(enqueue))
+    assert isinstance(granted, list) and len(granted) == 2
+    assert [lease.token for lease in granted] == [lease.token for lease in regranted]
+    assert pool.status().leased == 3
+    flow.steps.close()
+    for lease in (*granted, held[2]):
+        assert pool.release(lease) is True
+    nothing_waits(pool, raw)
+
+
+@pytest.mark.real_redis
+def test_stream_deleted_under_a_waiting_multi_request(real: Any) -> None:
+    pool, raw = real
+    q, _exp, meta = queue_keys(pool)
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5)
+    waiter = Background(lambda: pool.acquire_many(2, timeout=60))
+    queued(pool, 1)
+    raw.delete(q)  # the stream, with the lease's ticket and the request's
+    pool.release(held)  # False or True: the lease's ticket is gone
+    got = waiter.join(60)  # it notices, queues again and is served
+    assert len(got) == 2
+    for lease in got:
+        pool.release(lease)
+    pool.gc()
+    nothing_waits(pool, raw)
+    assert raw.hget(meta, "xw") is None
