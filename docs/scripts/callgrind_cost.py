@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import redis
 
-from allocator import FairAllocator
+from allocator import FairAllocator, Lease
 from allocator._scripts import scripts
 
 
@@ -72,9 +72,16 @@ def main() -> None:
             for _ in range(50):
                 pool.release(pool.acquire())
             held = pool.acquire()
+
+            def cycle_once(pool: FairAllocator = pool) -> None:
+                pool.release(pool.acquire())
+
+            def renew_once(pool: FairAllocator = pool, held: Lease = held) -> None:
+                pool.renew(held)
+
             ping = measure(own.ping)
-            cycle = measure(lambda: pool.release(pool.acquire()))
-            renew = measure(lambda: pool.renew(held))
+            cycle = measure(cycle_once)
+            renew = measure(renew_once)
             print(f"{path:<10} {ping:>8,.0f} {cycle:>16,.0f} {renew:>8,.0f}")
             own.close()
     finally:
