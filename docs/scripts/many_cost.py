@@ -7,7 +7,8 @@ For each count, ``--n`` uncontended cycles of ``acquire_many(count)`` and a
 ``release`` of every lease, on a pool of 16 resources, one client. The
 server's own time per script call is read from its SLOWLOG (threshold 0:
 every command is logged with its execution time in microseconds, no network
-and no client in it); the client's time is the wall time of the whole
+and no client in it; a Functions library on Redis >= 7, scripts on 6.2, as
+the library chooses); the client's time is the wall time of the whole
 cycle. ``acquire`` (the single-resource script) is measured the same way as
 the baseline. Prints p50 (and p90) of each.
 """
@@ -35,7 +36,9 @@ def pct(values: list[float], q: float) -> float:
 def measure(client: Any, count: int | None, n: int) -> dict[str, Any]:
     pool = FairAllocator(client, f"cost-{uuid.uuid4().hex[:8]}")
     pool.extend([f"r{i:02d}" for i in range(16)])
+    # Scripts are called by SHA (EVALSHA), functions by name (FCALL).
     names = {sha: op for op, sha in scripts().sha.items()}
+    names |= {f"{op}_{scripts().version}": op for op in scripts().sha}
     for _ in range(50):  # warm up: scripts loaded, keys made
         leases = [pool.acquire()] if count is None else pool.acquire_many(count)
         for lease in leases:
@@ -54,7 +57,7 @@ def measure(client: Any, count: int | None, n: int) -> dict[str, Any]:
         if isinstance(command, bytes):
             command = command.decode()
         words = command.split()
-        if words and words[0].upper() == "EVALSHA" and words[1] in names:
+        if words and words[0].upper() in ("EVALSHA", "FCALL") and words[1] in names:
             per_op.setdefault(names[words[1]], []).append(float(entry["duration"]))
     grant = per_op["acquire" if count is None else "acquire_many"]
     release = per_op["release"]
