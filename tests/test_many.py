@@ -812,3 +812,14 @@ def test_stream_deleted_under_a_waiting_multi_request(real: Any) -> None:
     pool.gc()
     nothing_waits(pool, raw)
     assert raw.hget(meta, "xw") is None
+
+
+def test_a_multi_request_is_woken_when_rate_budgets_free(pool: Any) -> None:
+    pool.extend(["a", "b"], rate=(1, 0.3))
+    first = pool.acquire_many(2, timeout=5)
+    for lease in first:
+        pool.release(lease)
+    assert pool.status().free == 0  # both out of budget for 0.3 s
+    again = pool.acquire_many(2, timeout=10)  # woken by its hint, no polling loop
+    assert {lease.resource for lease in again} == {"a", "b"}
+    assert again[0].granted_at >= first[0].granted_at + 0.3  # the budget was kept
