@@ -820,6 +820,6 @@ def test_a_multi_request_is_woken_when_rate_budgets_free(pool: Any) -> None:
     for lease in first:
         pool.release(lease)
     assert pool.status().free == 0  # both out of budget for 0.3 s
-    again = pool.acquire_many(2, timeout=10)  # woken by its hint, no polling loop
+    again = pool.acquire_many(2, timeout=10)  # served once the budgets free
     assert {lease.resource for lease in again} == {"a", "b"}
     assert again[0].granted_at >= first[0].granted_at + 0.3  # the budget was kept
