@@ -472,6 +472,16 @@ def many_id(lid: str, index: int) -> str:
     return lid if index == 0 else f"{lid}.{index + 1}"
 
 
+def _many_index(lease_id: str, lid: str) -> int:
+    """The index (from 0) of ``lease_id`` in the request ``lid``, or -1."""
+    base, dot, number = lease_id.partition(".")
+    if base != lid:
+        return -1
+    if not dot:
+        return 0
+    return int(number) - 1 if number.isdigit() and number.isascii() else -1
+
+
 def request_of(lease_id: str) -> str:
     """The request (waiter) a lease id belongs to: see :func:`many_id`."""
     return lease_id.partition(".")[0]
@@ -572,7 +582,7 @@ class Pool:
                 (fields[0] == lid and fields[1] == ticket)
                 or (
                     count is not None
-                    and fields[0] in (many_id(lid, i) for i in range(1, count))
+                    and _many_index(fields[0], lid) in range(1, count)
                     and _stream_id(fields[1]) > _stream_id(ticket)
                 )
             ):
