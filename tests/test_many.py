@@ -823,3 +823,18 @@ def test_a_multi_request_is_woken_when_rate_budgets_free(pool: Any) -> None:
     again = pool.acquire_many(2, timeout=10)  # served once the budgets free
     assert {lease.resource for lease in again} == {"a", "b"}
     assert again[0].granted_at >= first[0].granted_at + 0.3  # the budget was kept
+
+
+def test_a_pool_that_shrank_below_count_holds_the_request_until_extend(pool: Any) -> None:
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5)
+    waiter = Background(lambda: pool.acquire_many(2, timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="the multi request queued")
+    assert pool.remove([r for r in ("a", "b") if r != held.resource]) == 1
+    pool.release(held)
+    status = pool.status()
+    assert (status.size, status.free, status.waiting) == (1, 1, 1)  # it waits
+    assert pool.acquire(blocking=False) is None  # and nobody passes it
+    pool.extend(["c"])
+    got = waiter.join()
+    assert {lease.resource for lease in got} == {held.resource, "c"}
