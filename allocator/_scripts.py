@@ -24,6 +24,10 @@ OPERATIONS = (
     "unbind",
     "status",
     "gc",
+    "leases",
+    "stats",
+    "quarantine",
+    "delete",
 )
 
 

@@ -13,10 +13,17 @@
 local P = {
   META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
   Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
-  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], SIG = KEYS[15],
+  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
+  SIG = KEYS[16],
   -- The caller's own signal list, where a script declares it (acquire,
   -- poll, cancel).
-  OWN = KEYS[16],
+  OWN = KEYS[17],
+  -- Upper bounds (ms) of the buckets of the wait histogram in STATS: field
+  -- `w<i>` counts the grants whose wait was at most WAIT_BOUNDS[i] (and more
+  -- than the bound before it); `w0` those beyond the last bound. Field `ws`
+  -- is the sum of all waits in ms, `grants` is the sum of the buckets. Kept
+  -- in step with WAIT_BOUNDS in allocator/_core.py.
+  WAIT_BOUNDS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000},
   -- A grant pushed to a waiter's signal list is checked this long after, and
   -- again as long as its client's reader has not acknowledged it: while the
   -- client is alive, the grant is put back on its list if a lost reply took
@@ -167,6 +174,37 @@ function P:settle(name, r)
   self:res_save(name, r)
 end
 
+-- The pool's counters (STATS), kept by the scripts that change what they
+-- count, so every process sees the same figures. Only a count above zero
+-- costs a call.
+function P:note(field, n)
+  if n > 0 then
+    redis.call('HINCRBY', self.STATS, field, n)
+  end
+end
+
+-- A grant's wait, from the ticket's entry into the queue (its stream id is
+-- the server time in ms) to now, into the histogram: one bucket field and
+-- the sum. The bucket is found in Lua (no call); the two HINCRBY are the
+-- whole cost on the grant path.
+P.WAIT_FIELDS = {'w1', 'w2', 'w3', 'w4', 'w5', 'w6', 'w7', 'w8', 'w9', 'w10', 'w11', 'w12',
+  'w13', 'w14'}
+function P:count_wait(ticket)
+  local waited = self.now - tonumber(string.match(ticket, '^(%d+)'))
+  if waited < 0 then
+    waited = 0
+  end
+  local field = 'w0'
+  for i, bound in ipairs(self.WAIT_BOUNDS) do
+    if waited <= bound then
+      field = self.WAIT_FIELDS[i]
+      break
+    end
+  end
+  redis.call('HINCRBY', self.STATS, field, 1)
+  redis.call('HINCRBY', self.STATS, 'ws', waited)
+end
+
 -- Rate limit, an exact sliding window on the server clock: a grant at time t
 -- is allowed iff fewer than rcount grants happened in (t - rwin, t]. The log
 -- of a resource is the lex range [name\0, name\1) of RLOG (names are
@@ -294,6 +332,7 @@ end
 -- look again at once.
 -- Then leases past their deadline (EXP holds deadlines only).
 function P:reclaim(limit)
+  local before = self.reclaimed
   local picks = redis.call('ZRANGEBYSCORE', self.PICK, '-inf', self.now, 'LIMIT', 0, limit)
   for _, lid in ipairs(picks) do
     local L = self:lease_load(lid)
@@ -324,6 +363,7 @@ function P:reclaim(limit)
       self.reclaimed = self.reclaimed + 1
     end
   end
+  self:note('reclaimed', self.reclaimed - before)
   return math.max(#picks, #due)
 end
 
@@ -358,7 +398,11 @@ function P:maintain(limit)
   local reclaimed, unparked = self:reclaim(limit), self:unpark(limit)
   local nh = math.min(self:first(self.EXP), self:first(self.PARK))
   self.nh, self.nd = nh, math.min(nh, self:first(self.PICK))
-  redis.call('HSET', self.META, 'nd', self.nd, 'nh', self.nh)
+  -- A pool that does not exist (deleted, or never made) stays so: a renew
+  -- or release of a lease of a deleted pool must not make a key.
+  if self.nd < 1e15 or redis.call('EXISTS', self.META) == 1 then
+    redis.call('HSET', self.META, 'nd', self.nd, 'nh', self.nh)
+  end
   return reclaimed, unparked
 end
 
@@ -501,6 +545,7 @@ function P:drop(t)
   end
   self:unhint(t.l)
   self.dropped = self.dropped + 1
+  self:note('dropped', 1)
   return true
 end
 
@@ -562,6 +607,7 @@ function P:grant(t, best, self_lid)
     cid = t.c, pickup = '0', res = name,
   }
   redis.call('ZADD', self.HELD, 0, name .. '\0' .. t.l)
+  self:count_wait(t.id)
   if t.l ~= self_lid then
     L.pickup = '1'
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))

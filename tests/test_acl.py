@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import wait_until
 from redis.exceptions import NoPermissionError
 
 from allocator import FairAllocator, acl_key_pattern
@@ -23,8 +24,14 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 
 def documented_lines() -> list[str]:
     lines = re.findall(r"^ACL SETUSER .*$", DOC.read_text(encoding="utf-8"), flags=re.M)
-    assert len(lines) == 2, lines
-    return lines
+    assert len(lines) == 3, lines
+    return [line for line in lines if "alloc-monitor" not in line]
+
+
+def monitor_line() -> str:
+    lines = re.findall(r"^ACL SETUSER alloc-monitor .*$", DOC.read_text(encoding="utf-8"), flags=re.M)
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +112,38 @@ def test_documented_commands_are_exactly_what_the_scripts_call() -> None:
         granted = {w[1:].split("|")[0] for w in line.split() if w.startswith("+")}
         assert called <= granted, called - granted
         assert granted - called == {"evalsha", "eval", "blpop", "lpop"}, granted - called
+
+
+def test_the_read_only_line(server: RedisServer) -> None:
+    """The monitoring user reads every pool (existing or not) and writes
+    nothing: status, leases, stats and pools work; a writing call is refused."""
+    admin = redis.Redis.from_url(server.url)
+    pool = FairAllocator(admin, "watched")
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5, owner="job-1")
+    pool.acquire(timeout=5, ttl=0.01)  # past its deadline soon: status must not reclaim it
+    wait_until(lambda: pool.status().leased == 1, what="the short lease's deadline")
+    admin.script_flush()  # the monitor's first call meets NOSCRIPT, then runs by EVAL
+    words = monitor_line().split()[2:]
+    words[0] = "monitor"
+    admin.execute_command("ACL", "SETUSER", *[w.replace(">CHANGE-ME", ">pw") for w in words])
+    user = redis.Redis.from_url(server.url, username="monitor", password="pw")
+    seen = FairAllocator(user, "watched")
+    status = seen.status()
+    assert (status.size, status.leased, status.free, status.exists) == (2, 1, 1, True)
+    assert [(i.resource, i.owner) for i in seen.leases()] == [(held.resource, "job-1")]
+    assert seen.stats().grants == 2
+    assert "watched" in FairAllocator.pools(user)
+    missing = FairAllocator(user, "missing")
+    assert (missing.status().size, missing.status().exists) == (0, False)
+    assert missing.leases() == () and missing.stats().grants == 0
+    assert admin.keys("alloc:{missing}:*") == []
+    # Refused inside the script (a ResponseError; NoPermissionError is one).
+    with pytest.raises(redis.ResponseError, match="can't run this command|NOPERM"):
+        seen.extend(["c"])
+    with pytest.raises(redis.ResponseError, match="can't run this command|NOPERM"):
+        seen.acquire(timeout=1)
+    # Reading wrote nothing: the expired lease is still there for a writer.
+    assert admin.zcard("alloc:{watched}:exp") == 2
+    user.close()
+    admin.close()
