@@ -29,7 +29,8 @@ def documented_lines() -> list[str]:
 
 
 def monitor_line() -> str:
-    lines = re.findall(r"^ACL SETUSER alloc-monitor .*$", DOC.read_text(encoding="utf-8"), flags=re.M)
+    text = DOC.read_text(encoding="utf-8")
+    lines = re.findall(r"^ACL SETUSER alloc-monitor .*$", text, flags=re.M)
     assert len(lines) == 1, lines
     return lines[0]
 
@@ -139,9 +140,9 @@ def test_the_read_only_line(server: RedisServer) -> None:
     assert missing.leases() == () and missing.stats().grants == 0
     assert admin.keys("alloc:{missing}:*") == []
     # Refused inside the script (a ResponseError; NoPermissionError is one).
-    with pytest.raises(redis.ResponseError, match="can't run this command|NOPERM"):
+    with pytest.raises(redis.ResponseError, match=r"can't run this command|NOPERM"):
         seen.extend(["c"])
-    with pytest.raises(redis.ResponseError, match="can't run this command|NOPERM"):
+    with pytest.raises(redis.ResponseError, match=r"can't run this command|NOPERM"):
         seen.acquire(timeout=1)
     # Reading wrote nothing: the expired lease is still there for a writer.
     assert admin.zcard("alloc:{watched}:exp") == 2
