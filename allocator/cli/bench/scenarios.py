@@ -1,7 +1,7 @@
-"""The scenarios of ``allocator bench`` (see :mod:`allocator._bench`).
+"""The scenarios of ``allocator bench`` (see :mod:`allocator.cli.bench`).
 
 :class:`Bench` runs each scenario against one server and turns what it
-measured into table rows (:class:`allocator._bench_stats.Row`), details for
+measured into table rows (:class:`allocator.cli.bench.stats.Row`), details for
 the JSON report, and a list of problems seen on the way (worker errors, a
 pool left in a wrong state): the benchmark doubles as a smoke test.
 """
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 import redis
 
-from allocator._bench_stats import (
+from allocator.cli.bench.stats import (
     GrantSample,
     Row,
     Target,
@@ -38,7 +38,7 @@ from allocator._bench_stats import (
     summarize,
     throughput,
 )
-from allocator._bench_workers import (
+from allocator.cli.bench.workers import (
     LIBRARY,
     SOCKET_TIMEOUT,
     TOKENS,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from multiprocessing.context import BaseContext
 
     from allocator import FairAllocator, Lease
-    from allocator._bench import Plan, Progress
+    from allocator.cli.bench import Plan, Progress
 
 __all__ = ["Bench", "BenchError", "RunResult"]
 
