@@ -18,12 +18,6 @@ local P = {
   -- The caller's own signal list, where a script declares it (acquire,
   -- poll, cancel).
   OWN = KEYS[17],
-  -- Upper bounds (ms) of the buckets of the wait histogram in STATS: field
-  -- `w<i>` counts the grants whose wait was at most WAIT_BOUNDS[i] (and more
-  -- than the bound before it); `w0` those beyond the last bound. Field `ws`
-  -- is the sum of all waits in ms, `grants` is the sum of the buckets. Kept
-  -- in step with WAIT_BOUNDS in allocator/_core.py.
-  WAIT_BOUNDS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000},
   -- A grant pushed to a waiter's signal list is checked this long after, and
   -- again as long as its client's reader has not acknowledged it: while the
   -- client is alive, the grant is put back on its list if a lost reply took
@@ -184,25 +178,36 @@ function P:note(field, n)
 end
 
 -- A grant's wait, from the ticket's entry into the queue (its stream id is
--- the server time in ms) to now, into the histogram: one bucket field and
--- the sum. The bucket is found in Lua (no call); the two HINCRBY are the
--- whole cost on the grant path.
-P.WAIT_FIELDS = {'w1', 'w2', 'w3', 'w4', 'w5', 'w6', 'w7', 'w8', 'w9', 'w10', 'w11', 'w12',
-  'w13', 'w14'}
+-- the server time in ms) to now, into the histogram in STATS: field `w<i>`
+-- counts the grants whose wait was at most the i-th bound (ms: 5 10 25 50
+-- 100 250 500 1000 2500 5000 10000 30000 60000 300000) and more than the
+-- one before, `w0` those beyond the last; `ws` is the sum of the waits in ms
+-- (the grants are the sum of the buckets). Kept in step with WAIT_BOUNDS in
+-- allocator/_core.py. The bounds are literals in a comparison chain, not a
+-- table: a table would be built on every run of every script. A wait of 0
+-- ms (the uncontended grant) adds nothing to the sum: one HINCRBY.
 function P:count_wait(ticket)
-  local waited = self.now - tonumber(string.match(ticket, '^(%d+)'))
-  if waited < 0 then
-    waited = 0
+  local w = self.now - tonumber(string.match(ticket, '^(%d+)'))
+  local f = 'w0'
+  if w <= 5 then f = 'w1'
+  elseif w <= 10 then f = 'w2'
+  elseif w <= 25 then f = 'w3'
+  elseif w <= 50 then f = 'w4'
+  elseif w <= 100 then f = 'w5'
+  elseif w <= 250 then f = 'w6'
+  elseif w <= 500 then f = 'w7'
+  elseif w <= 1000 then f = 'w8'
+  elseif w <= 2500 then f = 'w9'
+  elseif w <= 5000 then f = 'w10'
+  elseif w <= 10000 then f = 'w11'
+  elseif w <= 30000 then f = 'w12'
+  elseif w <= 60000 then f = 'w13'
+  elseif w <= 300000 then f = 'w14'
   end
-  local field = 'w0'
-  for i, bound in ipairs(self.WAIT_BOUNDS) do
-    if waited <= bound then
-      field = self.WAIT_FIELDS[i]
-      break
-    end
+  redis.call('HINCRBY', self.STATS, f, 1)
+  if w > 0 then
+    redis.call('HINCRBY', self.STATS, 'ws', w)
   end
-  redis.call('HINCRBY', self.STATS, field, 1)
-  redis.call('HINCRBY', self.STATS, 'ws', waited)
 end
 
 -- Rate limit, an exact sliding window on the server clock: a grant at time t

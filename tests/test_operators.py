@@ -201,3 +201,17 @@ def test_status_counts_a_lease_past_its_deadline_as_ended_without_writing(
     assert (status.free, status.resources[0].state) == (1, "free")
     assert pool.leases() == ()
     assert {key: raw.dump(key) for key in keys_of(raw, pool)} == before
+
+
+def test_the_scripts_use_the_same_wait_buckets_as_python() -> None:
+    import re
+    from pathlib import Path
+
+    prelude = (Path(__file__).resolve().parent.parent / "lua" / "prelude.lua").read_text()
+    body = prelude[prelude.index("function P:count_wait") :]
+    body = body[: body.index("\nend\n")]
+    pairs = re.findall(r"w <= (\d+) then f = 'w(\d+)'", body)
+    by_field = {int(field): int(ms) for ms, field in pairs}
+    assert [by_field[i] for i in range(1, len(WAIT_BOUNDS) + 1)] == [
+        round(b * 1000) for b in WAIT_BOUNDS
+    ]
