@@ -1032,10 +1032,11 @@ class Pool:
                 return False
             if tag == "busy" and len(rest) == 2:
                 leases, waiting = int(rest[0]), int(rest[1])
+                plural = "" if leases == 1 else "s"
                 raise AllocatorError(
-                    f"pool {self.name!r} is in use ({leases} live leases, {waiting} waiting): "
-                    "nothing was deleted; delete(force=True) revokes the leases and turns "
-                    "the waiters away"
+                    f"pool {self.name!r} is in use ({leases} live lease{plural}, "
+                    f"{waiting} waiting): nothing was deleted; delete(force=True) revokes "
+                    "the leases and turns the waiters away"
                 )
             if tag == "deleted" and len(rest) == 2:
                 _log.info(
