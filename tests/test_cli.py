@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -351,3 +352,23 @@ def test_commands_against_a_cluster(
     assert run(capsys, "delete", "pool-5", "--yes")[0] == 0
     code, out, _ = run(capsys, "pools")
     assert "pool-5" not in out and "pool-4" in out
+
+
+def test_the_grafana_dashboard_uses_only_exported_metrics(env: tuple[str, str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "g", prefix=prefix)
+    pool.extend(["r"])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AllocatorCollector([pool]))
+    exported = {name for name, _ in scrape(generate_latest(registry).decode())}
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"allocator_[a-z_]+", target["expr"])
+    }
+    assert used and used <= exported, used - exported
+    documented = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    families = {re.sub("_(total|bucket|count|sum)$", "", name) for name in exported}
+    assert all(f"`{name}" in documented for name in families), families
