@@ -21,7 +21,9 @@ Scenarios (``--only`` picks some) and the figures they give:
                  7   10,000 asyncio tasks in one process: served in order,
                      on at most 2 waiting connections
 
-The scenarios live in :mod:`allocator.cli.bench.scenarios`, the arithmetic in
+The scenarios live in one module each (:mod:`.uncontended`, :mod:`.contended`,
+:mod:`.large`, :mod:`.waiters`, on :mod:`.base`; :mod:`.scenarios` puts them
+together), the arithmetic in
 :mod:`allocator.cli.bench.stats` (pure, unit-tested), the worker processes in
 :mod:`allocator.cli.bench.workers`.
 
