@@ -8,6 +8,7 @@
 
 from ._async import AsyncFairAllocator
 from ._core import acl_key_pattern
+from ._scripts import load_functions
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
@@ -28,4 +29,5 @@ __all__ = [
     "ResourceStatus",
     "UnknownResource",
     "acl_key_pattern",
+    "load_functions",
 ]

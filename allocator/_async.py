@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from typing import (
     Any,
     Literal,
@@ -20,7 +20,7 @@ from typing import (
     overload,
 )
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
@@ -47,13 +47,10 @@ async def _step(
 ) -> Any:
     """Same as the sync shell's ``_step``, awaitable."""
     if isinstance(step, Call):
-        keys, args = step.keys, step.args
         with no_client_retries():
-            try:
-                return await client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
-            except NoScriptError:
-                # Same as the sync shell: run it by its text.
-                return await client.eval(scripts.text[step.script], len(keys), *keys, *args)
+            return await _commands(
+                client, scripts.invoke(client, step.script, step.keys, step.args)
+            )
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return await reader().wait(step.lid, step.timeout)
@@ -62,6 +59,23 @@ async def _step(
             return await client.execute_command(*step.args)
     await asyncio.sleep(step.seconds)
     return None
+
+
+async def _commands(client: Any, commands: Generator[tuple[Any, ...], Any, Any]) -> Any:
+    """Carry out the commands of one script call (``Scripts.invoke``). A
+    cancellation passes straight through: the flow around decides."""
+    reply: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            args = commands.send(reply) if error is None else commands.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        reply, error = None, None
+        try:
+            reply = await client.execute_command(*args)
+        except Exception as exc:  # handed to the flow, which decides
+            error = exc
 
 
 async def _drive(steps: Flow[T], run: Callable[[Step], Awaitable[Any]]) -> T:

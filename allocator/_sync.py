@@ -11,12 +11,12 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from redis.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
@@ -31,6 +31,7 @@ __all__ = ["FairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 def heartbeat_for(client: Any) -> float:
@@ -58,15 +59,9 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     """Carry out one step of a flow; ``reader`` gives the client's reader
     for a Wait."""
     if isinstance(step, Call):
-        keys, args = step.keys, step.args
         with no_client_retries():
-            try:
-                return client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
-            except NoScriptError:
-                # Flushed, restarted, failed over: run it by its text, which
-                # caches it again. Unlike SCRIPT LOAD then EVALSHA, no flush
-                # can land in between.
-                return client.eval(scripts.text[step.script], len(keys), *keys, *args)
+            commands = scripts.invoke(client, step.script, step.keys, step.args)
+            return _drive(commands, lambda args: client.execute_command(*args))
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return reader().wait(step.lid, step.timeout)
@@ -77,7 +72,7 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     return None
 
 
-def _drive(steps: Flow[T], run: Callable[[Step], Any]) -> T:
+def _drive(steps: Generator[S, Any, T], run: Callable[[S], Any]) -> T:
     """Run a flow to its end. Errors of a step are thrown into the flow,
     which decides (retry, leave the queue, raise)."""
     reply: Any = None
