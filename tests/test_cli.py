@@ -372,3 +372,26 @@ def test_the_grafana_dashboard_uses_only_exported_metrics(env: tuple[str, str]) 
     documented = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     families = {re.sub("_(total|bucket|count|sum)$", "", name) for name in exported}
     assert all(f"`{name}" in documented for name in families), families
+
+
+def test_the_library_imports_without_the_tools_and_never_imports_them() -> None:
+    code = (
+        "import sys\n"
+        "for name in ('rich', 'prometheus_client', 'fakeredis'):\n"
+        "    sys.modules[name] = None\n"
+        "import allocator, allocator.metrics\n"
+        "assert not any(m.startswith('allocator.cli') for m in sys.modules), sorted(sys.modules)\n"
+        "from allocator.cli import main\n"
+        "sys.exit(main(['pools']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == (
+        "allocator: the command line needs the 'cli' extra (rich, prometheus-client, "
+        "fakeredis): pip install 'redis-fair-allocator[cli]'"
+    )
+    # The library below never imports the tools above it (__main__ only
+    # hands `python -m allocator` over to them).
+    library = [p for p in (ROOT / "allocator").glob("*.py") if p.name != "__main__.py"]
+    texts = {p.name: p.read_text(encoding="utf-8") for p in library}
+    assert texts and not [n for n, t in texts.items() if "allocator.cli" in t or ".cli " in t]
