@@ -1337,6 +1337,10 @@ class Hub:
                 return entry[1], RECHECK, None
             if grant:
                 self._remember(served, lid)
+            elif text.startswith("d|"):
+                # Its pool was deleted: no more heartbeats for this waiter,
+                # which would make the pool's keys again before it leaves.
+                served.lids.pop(lid, None)
             return entry[1], message, None
         if grant:
             if lid in self._recent:

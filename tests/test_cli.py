@@ -395,3 +395,33 @@ def test_the_library_imports_without_the_tools_and_never_imports_them() -> None:
     library = [p for p in (ROOT / "allocator").glob("*.py") if p.name != "__main__.py"]
     texts = {p.name: p.read_text(encoding="utf-8") for p in library}
     assert texts and not [n for n, t in texts.items() if "allocator.cli" in t or ".cli " in t]
+
+
+def test_watch_on_a_terminal_refreshes_in_place(env: tuple[str, str]) -> None:
+    import pty
+
+    url, prefix = env
+    FairAllocator(redis.Redis.from_url(url), "tty", prefix=prefix).extend(["r"])
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "allocator", "watch", "tty", "--interval", "0.05", "--count", "3"],
+        stdout=follower,
+        stderr=follower,
+        env={**os.environ, "REDIS_URL": url, "ALLOCATOR_PREFIX": prefix, "COLUMNS": "120"},
+    ) as proc:
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert proc.wait(timeout=60) == 0
+    os.close(leader)
+    text = seen.decode(errors="replace")
+    assert "pool 'tty'" in text and "Traceback" not in text
+    # Drawn in place: the cursor goes back up over the view between refreshes.
+    assert "\x1b[" in text
