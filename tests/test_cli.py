@@ -425,3 +425,16 @@ def test_watch_on_a_terminal_refreshes_in_place(env: tuple[str, str]) -> None:
     assert "pool 'tty'" in text and "Traceback" not in text
     # Drawn in place: the cursor goes back up over the view between refreshes.
     assert "\x1b[" in text
+
+
+def test_demo_reads_redis_url_and_never_prints_its_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("REDIS_URL", f"redis://:hunter2@127.0.0.1:{port}/0")
+    code, out, err = run(capsys, "demo", "--quiet")
+    assert code == 2
+    assert "cannot reach" in err and ":***@" in err
+    assert "hunter2" not in out + err
