@@ -24,7 +24,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 
 def documented_lines() -> list[str]:
     lines = re.findall(r"^ACL SETUSER .*$", DOC.read_text(encoding="utf-8"), flags=re.M)
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     return [line for line in lines if "alloc-monitor" not in line]
 
 
@@ -122,7 +122,7 @@ def test_documented_commands_are_exactly_what_the_scripts_call() -> None:
     for line in documented_lines():
         granted = {w[1:].split("|")[0] for w in line.split() if w.startswith("+")}
         assert called <= granted, called - granted
-        client = {"fcall"} if "+fcall" in line else {"evalsha", "eval"}
+        client = {"fcall", "fcall_ro"} if "+fcall" in line else {"evalsha", "eval"}
         assert granted - called == client | {"blpop", "lpop"}, granted - called
 
 
@@ -176,5 +176,34 @@ def test_the_read_only_line(server: RedisServer) -> None:
         seen.acquire(timeout=1)
     # Reading wrote nothing: the expired lease is still there for a writer.
     assert admin.zcard("alloc:{watched}:exp") == 2
+    user.close()
+    admin.close()
+
+
+def test_the_read_only_line_on_functions(server: RedisServer) -> None:
+    """With the library loaded, a user with read-only keys and FCALL_RO only
+    (no EVAL) reads pools; the server keeps it from writing."""
+    needs_functions(server)
+    admin = redis.Redis.from_url(server.url)
+    load_functions(admin)
+    pool = FairAllocator(admin, "watched-fn")
+    pool.extend(["a"])
+    pool.acquire(timeout=5, owner="job-2")
+    text = DOC.read_text(encoding="utf-8")
+    line = re.findall(r"^ACL SETUSER alloc-monitor-fn .*$", text, flags=re.M)[0]
+    words = [w.replace(">CHANGE-ME", ">pw") for w in line.split()[2:]]
+    words[0] = "monitor-fn"
+    admin.execute_command("ACL", "SETUSER", *words)
+    user = redis.Redis.from_url(server.url, username="monitor-fn", password="pw")
+    seen = FairAllocator(user, "watched-fn")
+    assert seen.status().leased == 1
+    assert [i.owner for i in seen.leases()] == ["job-2"]
+    assert seen.stats().grants == 1
+    assert "watched-fn" in FairAllocator.pools(user)
+    assert FairAllocator(user, "missing-fn").status().exists is False
+    with pytest.raises(NoPermissionError):
+        seen.extend(["b"])
+    with pytest.raises(NoPermissionError):
+        user.eval("return 1", 0)
     user.close()
     admin.close()
