@@ -438,3 +438,16 @@ def test_demo_reads_redis_url_and_never_prints_its_password(
     assert code == 2
     assert "cannot reach" in err and ":***@" in err
     assert "hunter2" not in out + err
+
+
+def test_human_durations() -> None:
+    from allocator.cli._common import ago, safe_url
+
+    assert [ago(x) for x in (0.005, 0.4, 2.44, 12.4, 150, 7500, 3 * 86400)] == [
+        "5 ms", "400 ms", "2.4 s", "12 s", "2 min", "2 h 5 min", "3 d",
+    ]  # fmt: skip
+    assert ago(-30) == "-30 s"
+    assert safe_url("redis://u:secret@h:6379/0") == "redis://u:***@h:6379/0"
+    assert safe_url("unix:///run/r.sock?password=secret&db=2") == (
+        "unix:///run/r.sock?password=***&db=2"
+    )

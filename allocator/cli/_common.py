@@ -204,10 +204,12 @@ def _error(text: str) -> None:
 
 
 def ago(seconds: float) -> str:
-    """A duration for people: ``0.4 s``, ``12 s``, ``3 min``, ``2 h 5 min``, ``3 d``."""
+    """A duration for people: ``40 ms``, ``2.4 s``, ``12 s``, ``3 min``, ``2 h 5 min``, ``3 d``."""
     s = abs(seconds)
     sign = "-" if seconds < 0 else ""
-    if s < 10:
+    if s < 1:
+        text = f"{s * 1000:.0f} ms"
+    elif s < 10:
         text = f"{s:.1f} s"
     elif s < 120:
         text = f"{s:.0f} s"

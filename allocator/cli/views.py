@@ -220,13 +220,27 @@ def render(snap: Snapshot) -> Group:
         leases.add_row("-", "nobody holds a lease", "", "", "")
 
     s = snap.stats
+    waits = "-"
+    if s.grants:
+        waits = (
+            f"mean {ago(s.wait_seconds_sum / s.grants)}, p50 {_quantile(s, 0.5)}, "
+            f"p99 {_quantile(s, 0.99)}"
+        )
     counters = Text(
         f"since created: {s.grants} grants, {s.timeouts} timeouts, {s.reclaimed} reclaimed, "
-        f"{s.revoked} revoked, {s.dropped_waiters} dropped waiters; "
-        f"mean wait {ago(s.wait_seconds_sum / s.grants) if s.grants else '-'}",
+        f"{s.revoked} revoked, {s.dropped_waiters} dropped waiters; wait {waits}",
         style="dim",
     )
     return Group(head, resources, leases, counters)
+
+
+def _quantile(stats: PoolStats, q: float) -> str:
+    """The bucket bound under which a share ``q`` of the waits fell."""
+    want = q * stats.grants
+    for bound, count in stats.wait_seconds:
+        if count >= want:
+            return "> 300 s" if bound == float("inf") else f"<= {ago(bound)}"
+    return "-"
 
 
 def _num(value: float) -> str:
