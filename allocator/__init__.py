@@ -10,7 +10,7 @@ from ._async import AsyncFairAllocator
 from ._core import acl_key_pattern
 from ._scripts import load_functions
 from ._sync import FairAllocator
-from ._values import GCReport, Lease, PoolStatus, ResourceStatus
+from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
 
 __version__ = "0.1.0"
@@ -22,7 +22,9 @@ __all__ = [
     "FairAllocator",
     "GCReport",
     "Lease",
+    "LeaseInfo",
     "LeaseLost",
+    "PoolStats",
     "PoolStatus",
     "ResourceStatus",
     "UnknownResource",

@@ -4,17 +4,18 @@
 -- prelude): at the head it waits until `count` resources are free at once,
 -- and those behind it wait too.
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[16] the caller's signal key.
--- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), count
---       (an owner, once leases carry one, goes after these)
+-- KEYS: the pool's keys (lua/README.md), then KEYS[17] the caller's signal key.
+-- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), count, owner (who
+--       holds the leases, for people: the field `o` of every entry of the
+--       request, so that leases() shows it for each lease)
 -- Lease ids: lid for the first resource, `<lid>.<i>` for resource i.
 -- Reply: {'granted_many', ticket1, token1, granted_us1, deadline_ms1, ttl_ms1, resource1,
 --         ticket2, ...}                  count leases, in the order granted
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
 --      | {'toomany', size}             count is larger than the pool (nothing queued)
-local lid, cid, ttl, alive_ms, blocking, n =
-  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local lid, cid, ttl, alive_ms, blocking, n, owner =
+  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
 
 -- A retried call whose first reply was lost finds its own grant or ticket
 -- here, instead of queueing a second time (a grant that lost some of its
@@ -53,9 +54,9 @@ if not ticket then
       return {'busy'}
     end
   end
-  ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'n', n)
+  ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n)
   for i = 2, n do
-    redis.call('XADD', P.Q, '*', 'l', P.many_id(lid, i), 'c', cid, 'x', '1')
+    redis.call('XADD', P.Q, '*', 'l', P.many_id(lid, i), 'c', cid, 'o', owner, 'x', '1')
   end
   if n > 1 then
     P:extras(n - 1)

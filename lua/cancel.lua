@@ -2,7 +2,7 @@
 -- It leaves the queue; a grant that raced in is ended and passed on to the
 -- next waiter in this same run, so that nothing leaks.
 --
--- KEYS: the pool's keys, then KEYS[16] the caller's signal key (its client's).
+-- KEYS: the pool's keys, then KEYS[17] the caller's signal key (its client's).
 -- ARGV: lid, count (a waiter of acquire_many: how many resources it asked
 --       for; its leases are `<lid>.<i>` besides lid, its place-holder
 --       entries follow its ticket)
@@ -44,6 +44,10 @@ elseif raw then
   redis.call('HDEL', P.RECS, lid)
   P:unhint(lid)
   out = 'cancelled'
+end
+if out ~= 'gone' then
+  -- An acquire that gave up (timeout, cancellation, interrupt).
+  P:note('timeouts', 1)
 end
 P:dispatch(nil)
 return {out}
