@@ -694,7 +694,12 @@ def test_a_grant_pushed_to_a_stalled_waiter_is_taken_back_whole(
         for lease in held:
             pool.release(lease)
         assert shape(pool) == (0, 2, 0)  # granted and pushed, not picked up
-        wait_until(lambda: shape(pool) == (2, 0, 0), timeout=30, what="both taken back")
+        # status() writes nothing: a gc (any writer) runs the pick-up checks.
+        wait_until(
+            lambda: pool.gc() is not None and shape(pool) == (2, 0, 0),
+            timeout=30,
+            what="both taken back",
+        )
         other = pool.acquire_many(2, blocking=False)
         assert other is not None
         for lease in other:
