@@ -152,6 +152,8 @@ def test_construction_does_no_io() -> None:
         (lambda p: p.acquire_many(2, timeout=-1), ValueError, "timeout"),
         (lambda p: p.acquire_many(2, ttl=0), ValueError, "ttl"),
         (lambda p: p.acquire_many(2, blocking=1), TypeError, "blocking"),
+        (lambda p: p.acquire_many(2, owner=""), ValueError, "owner"),
+        (lambda p: p.acquire_many(2, owner=5), TypeError, "owner"),
         (lambda p: p.lease_many(0).__enter__(), ValueError, "count"),
         (lambda p: p.lease_many(2, keepalive=1).__enter__(), TypeError, "keepalive"),
     ],

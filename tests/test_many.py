@@ -843,3 +843,16 @@ def test_a_pool_that_shrank_below_count_holds_the_request_until_extend(pool: Any
     pool.extend(["c"])
     got = waiter.join()
     assert {lease.resource for lease in got} == {held.resource, "c"}
+
+
+def test_every_lease_of_a_multi_grant_shows_its_owner_and_counts_as_a_grant(pool: Any) -> None:
+    pool.extend(["a", "b", "c"])
+    leases = pool.acquire_many(2, timeout=5, owner="trainer-1")
+    shown = sorted((info.resource, info.token, info.owner) for info in pool.leases())
+    assert shown == sorted((lease.resource, lease.token, "trainer-1") for lease in leases)
+    assert pool.stats().grants == 2
+    with pool.lease_many(1, timeout=5, owner="evaluator") as (one,):
+        assert {i.owner for i in pool.leases() if i.resource == one.resource} == {"evaluator"}
+    for lease in leases:
+        pool.release(lease)
+    assert pool.leases() == ()
