@@ -10,7 +10,7 @@ from ._async import AsyncFairAllocator
 from ._core import acl_key_pattern
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, PoolStatus, ResourceStatus
-from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
+from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
 
 __version__ = "0.1.0"
 
@@ -22,6 +22,7 @@ __all__ = [
     "GCReport",
     "Lease",
     "LeaseLost",
+    "NotReplicated",
     "PoolStatus",
     "ResourceStatus",
     "UnknownResource",

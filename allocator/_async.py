@@ -49,6 +49,8 @@ async def _step(
     if isinstance(step, Call):
         keys, args = step.keys, step.args
         with no_client_retries():
+            if step.confirm is not None:
+                return await _confirm(client, scripts, step)
             try:
                 return await client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
             except NoScriptError:
@@ -62,6 +64,48 @@ async def _step(
             return await client.execute_command(*step.args)
     await asyncio.sleep(step.seconds)
     return None
+
+
+async def _confirm(client: Any, scripts: Scripts, call: Call[Any]) -> _core.Confirmed:
+    """Same as the sync shell's ``_confirm``, awaitable."""
+    send = _send_to_slot if is_cluster(client) else _send_pipelined
+    head = ("EVALSHA", scripts.sha[call.script])
+    replies = await send(client, _core.confirm_commands(call, head), call.keys[0])
+    if _core.needs_text(replies):
+        head = ("EVAL", scripts.text[call.script])
+        replies = await send(client, _core.confirm_commands(call, head), call.keys[0])
+    return _core.confirmed(replies)
+
+
+async def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    async with client.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+
+async def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same as the sync shell's ``_send_to_slot``: one connection to the
+    master of the pool's slot."""
+    node = client.get_node_from_key(key)
+    conn = node.acquire_connection()
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await conn.disconnect()
+        raise
+    finally:
+        node.release(conn)
+    if _core.moved(replies):
+        await client.nodes_manager.initialize()  # learn the new owner of the slot
+    return replies
 
 
 async def _drive(steps: Flow[T], run: Callable[[Step], Awaitable[Any]]) -> T:
@@ -106,8 +150,17 @@ class AsyncFairAllocator:
         lease_ttl: float = 60.0,
         bind_ttl: float = 3600.0,
         prefix: str = "alloc",
+        min_replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
-        self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        self._pool = Pool.create(
+            name,
+            lease_ttl=lease_ttl,
+            bind_ttl=bind_ttl,
+            prefix=prefix,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+        )
         if client_kind(client) != "async":
             raise TypeError(
                 f"client must be an asyncio Redis client for {type(self).__name__}, "

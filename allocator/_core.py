@@ -38,11 +38,14 @@ from typing import (
 import attrs
 from redis.crc import key_slot
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     AuthenticationWrongNumberOfArgsError,
     AuthorizationError,
     ClusterError,
+    MovedError,
     NoPermissionError,
+    NoScriptError,
     ReadOnlyError,
     SlotNotCoveredError,
     TryAgainError,
@@ -51,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._values import GCReport, Lease, PoolStatus, ResourceStatus
-from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
+from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
 
 __all__ = [
     "ALIVE",
@@ -120,6 +123,8 @@ MAX_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_PRIORITY = 1e15
 #: Bounds of what a Lease's fields may hold (see Pool._check_lease).
 MAX_LEASE_ID = 128
+#: The most replicas ``min_replicas`` may ask for.
+MAX_REPLICAS = 1000
 MAX_TOKEN = 2**63 - 1
 
 #: Errors that pass: a lost connection, a server still loading its data, a
@@ -302,6 +307,10 @@ class Call(Generic[T]):
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
     parse: Callable[[Any], T] = attrs.field(repr=False)
+    #: ``(replicas, timeout_ms)``: the write must be confirmed by that many
+    #: replicas. The shells send :func:`confirm_commands` in one pipeline on
+    #: one connection and hand :func:`confirmed` of the replies to ``parse``.
+    confirm: tuple[int, int] | None = None
 
 
 class Wait(NamedTuple):
@@ -324,6 +333,80 @@ class Command(NamedTuple):
 
 Step = Call[Any] | Wait | Sleep | Command
 Flow = Generator[Step, Any, T]
+
+
+# --------------------------------------------------------------------------
+# Confirming writes on replicas (CONTRACT.md section 9)
+# --------------------------------------------------------------------------
+#
+# Redis's WAIT counts the replicas that acknowledged the replication offset
+# of the *calling connection's* last write (its ``woff``), not every write
+# the server had when WAIT came: a WAIT on a connection that wrote nothing,
+# or wrote long ago, answers at once with a count that says nothing about a
+# grant some other client's script made. So a confirmed call is sent as
+#
+#     EVALSHA <script> ...; HINCRBY <meta> wseq 1; WAIT <replicas> <ms>
+#
+# in one pipeline on one connection. HINCRBY always changes the server (a
+# script that found nothing to do, or an acquire retried after a lost reply
+# that finds its grant made by the first try, may write nothing), so it is
+# always replicated, and it runs after the script on the same master: the
+# replication stream is ordered, so a replica that acknowledged it has every
+# write the script saw, the grant among them, whoever made it. The same holds
+# for a grant pushed to a waiter by another client's release: the waiter
+# confirms it with a confirmed ``renew`` of the lease, whose script reads the
+# grant (so runs after it) before the marker and the WAIT.
+
+
+class Confirmed(NamedTuple):
+    """The reply of a confirmed call: the script's reply and how many
+    replicas acknowledged it (WAIT's answer)."""
+
+    reply: Any
+    replicas: int
+
+
+#: The field of the pool's META hash that the confirmation marker bumps.
+CONFIRM_FIELD = "wseq"
+
+
+def confirm_commands(call: Call[Any], head: tuple[str, str]) -> list[tuple[str | int, ...]]:
+    """The pipeline of a confirmed call: the script (``head`` is
+    ``("EVALSHA", sha)`` or ``("EVAL", text)``), the marker write, WAIT."""
+    assert call.confirm is not None, "not a confirmed call"
+    replicas, timeout_ms = call.confirm
+    return [
+        (*head, len(call.keys), *call.keys, *call.args),
+        ("HINCRBY", call.keys[0], CONFIRM_FIELD, 1),
+        ("WAIT", replicas, timeout_ms),
+    ]
+
+
+def confirmed(replies: list[Any]) -> Confirmed:
+    """The replies of :func:`confirm_commands` (errors as values) as a
+    :class:`Confirmed`; the first error among them is raised."""
+    for reply in replies:
+        if isinstance(reply, (MovedError, AskError)):
+            # The slot moved or is moving: transient, like TRYAGAIN.
+            raise ClusterError(f"the pool's slot is moving: {reply}") from reply
+        if isinstance(reply, Exception):
+            raise reply
+    if len(replies) != 3:
+        raise AllocatorError(f"unexpected replies to a confirmed call: {replies!r}")
+    return Confirmed(replies[0], int(replies[2]))
+
+
+def moved(replies: list[Any]) -> bool:
+    """A confirmed call sent to a cluster node that no longer serves the
+    pool's slot: the shell refreshes its slot map (:func:`confirmed` then
+    raises a transient error, and the flow tries again)."""
+    return any(isinstance(reply, MovedError) for reply in replies)
+
+
+def needs_text(replies: list[Any]) -> bool:
+    """The script of a confirmed call met NOSCRIPT: send it again by text."""
+    return bool(replies) and isinstance(replies[0], NoScriptError)
+
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.
 RECHECK = "r|"
@@ -457,21 +540,76 @@ class Pool:
     lease_ttl: float
     bind_ttl: float
     keys: tuple[str, ...]
+    #: Replicas that must confirm a grant or a renewal (0: none, no WAIT).
+    min_replicas: int = 0
+    #: How long a WAIT for them may block, in seconds.
+    replica_timeout: float = 0.5
     _policy_checked: bool = attrs.field(default=False, repr=False)
 
     @classmethod
-    def create(cls, name: object, *, lease_ttl: object, bind_ttl: object, prefix: object) -> Pool:
+    def create(
+        cls,
+        name: object,
+        *,
+        lease_ttl: object,
+        bind_ttl: object,
+        prefix: object,
+        min_replicas: object = 0,
+        replica_timeout: object = 0.5,
+    ) -> Pool:
         name = _text("name", name, MAX_NAME)
         prefix = _text("prefix", prefix, MAX_NAME)
         base = f"{_escape(prefix)}:{{{_escape(name)}}}"
         keys = (*tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES), f"{base}:s:")
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+            raise TypeError(f"min_replicas must be an int, not {type(min_replicas).__name__}")
+        if not 0 <= min_replicas <= MAX_REPLICAS:
+            raise ValueError(f"min_replicas must be 0 to {MAX_REPLICAS}, got {min_replicas}")
         return cls(
             name=name,
             prefix=prefix,
             lease_ttl=_seconds("lease_ttl", lease_ttl),
             bind_ttl=_seconds("bind_ttl", bind_ttl),
             keys=keys,
+            min_replicas=min_replicas,
+            replica_timeout=_seconds("replica_timeout", replica_timeout),
         )
+
+    # -- replicas -------------------------------------------------------------
+
+    def _confirmed(self, call: Call[T]) -> Call[tuple[T, int]]:
+        """``call`` sent with the confirmation of :func:`confirm_commands`;
+        its parse gives the parsed reply and the replicas that confirmed."""
+        parse = call.parse
+
+        def both(reply: Confirmed) -> tuple[T, int]:
+            return parse(reply.reply), reply.replicas
+
+        confirm = (self.min_replicas, _ms(self.replica_timeout))
+        return Call(call.script, call.keys, call.args, both, confirm=confirm)
+
+    def _not_replicated(self, lease: Lease, replicas: int, what: str) -> NotReplicated:
+        return NotReplicated(
+            self.name, lease.resource, lease.token, replicas, self.min_replicas, what
+        )
+
+    def _give_back(self, lease: Lease, replicas: int) -> Flow[NotReplicated]:
+        """A grant that too few replicas confirmed: release it (so nothing
+        leaks; a failover that loses it loses nothing either) and return
+        the error to raise."""
+        _log.warning(
+            "allocator: pool %r: grant of %r confirmed by %d of %d replicas; released",
+            self.name,
+            lease.resource,
+            replicas,
+            self.min_replicas,
+        )
+        release = Call("release", self.keys, (lease.id, lease.ticket, "", ""), lambda r: r)
+        with contextlib.suppress(Exception):
+            # Not confirmed itself: if this release is lost in a failover,
+            # the lease ends at its deadline as any unreleased lease does.
+            yield from self._single(release)
+        return self._not_replicated(lease, replicas, "acquire")
 
     # -- identity -----------------------------------------------------------
 
@@ -657,7 +795,7 @@ class Pool:
         try:
             # A lost reply is retried with the same lease id: the script finds
             # the first attempt's ticket, so the requester keeps its place.
-            state = yield from self._retrying(enqueue, deadline=deadline)
+            state = yield from self._look(enqueue, deadline)
             if state == _BUSY:
                 return None
             while True:
@@ -666,7 +804,7 @@ class Pool:
                 if state == _GONE:
                     # The ticket left the queue without us (the pool's data was
                     # lost, or we looked dead for too long): queue again.
-                    state = yield from self._retrying(enqueue, deadline=deadline)
+                    state = yield from self._look(enqueue, deadline)
                     continue
                 assert isinstance(state, tuple)
                 ticket, hint = state
@@ -688,12 +826,17 @@ class Pool:
                         break
                     seen = self._message(message, lid, ticket)
                     if isinstance(seen, Lease):
-                        return seen
+                        if not self.min_replicas:
+                            return seen
+                        confirmed = yield from self._confirm_pushed(seen, deadline)
+                        if confirmed is not None:
+                            return confirmed
+                        break  # taken back meanwhile: look again
                     if isinstance(seen, float):
                         wake_at = time.monotonic() + seen
                     elif seen == RECHECK:
                         break
-                state = yield from self._retrying(poll, deadline=deadline)
+                state = yield from self._look(poll, deadline)
         except GeneratorExit:
             raise
         except BaseException:
@@ -704,6 +847,32 @@ class Pool:
             with contextlib.suppress(Exception):
                 yield from self._retrying(cancel, attempts=1)
             raise
+
+    def _look(self, call: Call[State], deadline: float | None) -> Flow[State]:
+        """Run an acquire or poll call. With ``min_replicas``, a grant in its
+        reply counts only once confirmed: else it is released and
+        :class:`NotReplicated` raised."""
+        if not self.min_replicas:
+            return (yield from self._retrying(call, deadline=deadline))
+        state, replicas = yield from self._retrying(self._confirmed(call), deadline=deadline)
+        if isinstance(state, Lease) and replicas < self.min_replicas:
+            raise (yield from self._give_back(state, replicas))
+        return state
+
+    def _confirm_pushed(self, lease: Lease, deadline: float | None) -> Flow[Lease | None]:
+        """Confirm a grant pushed to this waiter by another client's script:
+        a confirmed renew of it (see :func:`confirm_commands` for why that
+        covers the grant). None if the grant is no longer this waiter's."""
+        renew = self._confirmed(self._renew_call(lease, _ms(lease.ttl)))
+        if deadline is None or deadline - time.monotonic() < RETRY_BUDGET:
+            deadline = time.monotonic() + RETRY_BUDGET
+        try:
+            renewed, replicas = yield from self._retrying(renew, deadline=deadline)
+        except LeaseLost:
+            return None
+        if replicas < self.min_replicas:
+            raise (yield from self._give_back(renewed, replicas))
+        return renewed
 
     # -- single-call operations ---------------------------------------------
 
@@ -722,7 +891,19 @@ class Pool:
     def renew(self, lease: object, ttl: object) -> Flow[Lease]:
         held = self._check_lease(lease)
         ttl_ms = _ms(_seconds("lease.ttl", held.ttl) if ttl is None else _seconds("ttl", ttl))
+        call = self._renew_call(held, ttl_ms)
+        if not self.min_replicas:
+            return self._single(call)
+        return self._renew_confirmed(call, held)
 
+    def _renew_confirmed(self, call: Call[Lease], held: Lease) -> Flow[Lease]:
+        renewed, replicas = yield from self._single(self._confirmed(call))
+        if replicas < self.min_replicas:
+            # The lease stays as the primary has it (renewed there).
+            raise self._not_replicated(held, replicas, "renew")
+        return renewed
+
+    def _renew_call(self, held: Lease, ttl_ms: int) -> Call[Lease]:
         def parse(reply: Any) -> Lease:
             tag, rest = _tagged("renew", reply)
             if tag == "renewed" and len(rest) == 1:
@@ -733,7 +914,7 @@ class Pool:
                 )
             raise _unexpected("renew", reply)
 
-        return self._single(Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse))
+        return Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse)
 
     def extend(
         self, resources: object, capacity: object, priority: object, rate: object

@@ -60,6 +60,8 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     if isinstance(step, Call):
         keys, args = step.keys, step.args
         with no_client_retries():
+            if step.confirm is not None:
+                return _confirm(client, scripts, step)
             try:
                 return client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
             except NoScriptError:
@@ -75,6 +77,50 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
             return client.execute_command(*step.args)
     time.sleep(step.seconds)
     return None
+
+
+def _confirm(client: Any, scripts: Scripts, call: Call[Any]) -> _core.Confirmed:
+    """A confirmed call: the script, the marker write and WAIT in one
+    pipeline on one connection (see ``_core.confirm_commands``), again by
+    the script's text after NOSCRIPT."""
+    send = _send_to_slot if is_cluster(client) else _send_pipelined
+    head = ("EVALSHA", scripts.sha[call.script])
+    replies = send(client, _core.confirm_commands(call, head), call.keys[0])
+    if _core.needs_text(replies):
+        head = ("EVAL", scripts.text[call.script])
+        replies = send(client, _core.confirm_commands(call, head), call.keys[0])
+    return _core.confirmed(replies)
+
+
+def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+
+def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """On a cluster: one connection to the master of the pool's slot (WAIT
+    names no key, and must follow the writes on their connection)."""
+    node = client.get_node_from_key(key)
+    pool = node.redis_connection.connection_pool
+    conn = _get_connection(pool)
+    try:
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    if _core.moved(replies):
+        client.nodes_manager.initialize()  # learn the new owner of the slot
+    return replies
 
 
 def _drive(steps: Flow[T], run: Callable[[Step], Any]) -> T:
@@ -105,6 +151,13 @@ class FairAllocator:
 
     ``lease_ttl`` is the default life of a lease without renewal, in seconds;
     ``bind_ttl`` how long a soft binding lives after its last use.
+
+    ``min_replicas`` (default 0: no wait): ``acquire`` and ``renew`` return
+    only once that many replicas confirmed the write (Redis ``WAIT``, sent
+    in the same round trip as the script, bounded by ``replica_timeout``
+    seconds); else :class:`~allocator.NotReplicated` is raised, and an
+    acquire releases its grant first. A Sentinel-managed client
+    (``Sentinel(...).master_for(...)``) is a client like any other.
     """
 
     def __init__(
@@ -115,8 +168,17 @@ class FairAllocator:
         lease_ttl: float = 60.0,
         bind_ttl: float = 3600.0,
         prefix: str = "alloc",
+        min_replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
-        self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        self._pool = Pool.create(
+            name,
+            lease_ttl=lease_ttl,
+            bind_ttl=bind_ttl,
+            prefix=prefix,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+        )
         if client_kind(client) != "sync":
             raise TypeError(
                 f"client must be a blocking Redis client for {type(self).__name__}, "
