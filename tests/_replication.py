@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from allocator._server import RedisServer, free_port
+from allocator._server import RedisServer
 
 __all__ = ["MASTER", "Replicated", "Sentinels", "wait_for"]
 

@@ -9,6 +9,7 @@ Sentinels (tests/_replication.py), of the matrix's server binary.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -185,15 +186,11 @@ def test_pushed_grant_is_confirmed_before_acquire_returns(
     client = replicated.client()
     plain = FairAllocator(client, pool_name)
     plain.extend(["a"])
-    confirming = FairAllocator(
-        replicated.client(), pool_name, min_replicas=1, replica_timeout=0.3
-    )
+    confirming = FairAllocator(replicated.client(), pool_name, min_replicas=1, replica_timeout=0.3)
     for replica_up in (True, False):
         held = plain.acquire(timeout=5)
         outcome: list[Any] = []
-        waiter = threading.Thread(
-            target=lambda: outcome.append(_attempt(confirming, 30)), daemon=True
-        )
+        waiter = threading.Thread(target=_attempt, args=(confirming, 30, outcome), daemon=True)
         waiter.start()
         wait_for("the waiter to queue", lambda: plain.status().waiting == 1)
         if not replica_up:
@@ -211,11 +208,11 @@ def test_pushed_grant_is_confirmed_before_acquire_returns(
     client.close()
 
 
-def _attempt(pool: FairAllocator, timeout: float) -> Any:
+def _attempt(pool: FairAllocator, timeout: float, outcome: list[Any]) -> None:
     try:
-        return pool.acquire(timeout=timeout)
+        outcome.append(pool.acquire(timeout=timeout))
     except Exception as exc:
-        return exc
+        outcome.append(exc)
 
 
 # -- Sentinel ------------------------------------------------------------------------
@@ -342,7 +339,7 @@ def test_failover_under_load_keeps_confirmed_leases_exclusive(
         worker.start()
     try:
         # Load before the failover: some leases confirmed on the old primary.
-        wait_for("leases before the failover", lambda: _begins(ledgers) >= 20, timeout=60)
+        wait_for("leases before the failover", lambda: _begins(ledgers) >= 40, timeout=60)
         old = sentinels.master_address()
         replicated.primary.stop(kill=True)
         wait_for(
@@ -352,7 +349,7 @@ def test_failover_under_load_keeps_confirmed_leases_exclusive(
         )
         seen = _begins(ledgers)
         # Load after it: the workers went on through the new master.
-        wait_for("leases after the failover", lambda: _begins(ledgers) >= seen + 20, timeout=60)
+        wait_for("leases after the failover", lambda: _begins(ledgers) >= seen + 40, timeout=60)
     finally:
         stop.value = 1
         for worker in workers:
@@ -369,7 +366,7 @@ def test_failover_under_load_keeps_confirmed_leases_exclusive(
         tokens = [row["token"] for row in rows]
         assert len(tokens) == len(set(tokens)), f"{resource}: a token was handed out twice"
         rows.sort(key=lambda row: row["start"])
-        for first, second in zip(rows, rows[1:], strict=False):
+        for first, second in itertools.pairwise(rows):
             assert first["until"] <= second["start"], (
                 f"{resource}: two confirmed holders at once: {first} and {second}"
             )
