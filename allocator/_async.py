@@ -87,6 +87,7 @@ async def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str
 async def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
     """Same as the sync shell's ``_send_to_slot``: one connection to the
     master of the pool's slot."""
+    await client.initialize()  # a no-op once the client knows the slots
     node = client.get_node_from_key(key)
     conn = node.acquire_connection()
     try:

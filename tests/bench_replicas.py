@@ -20,10 +20,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import _servers  # noqa: E402
-from _replication import Replicated  # noqa: E402
+import _servers
+from _replication import Replicated
 
-from allocator import FairAllocator  # noqa: E402
+from allocator import FairAllocator
 
 
 def cycle_us(pool: FairAllocator, cycles: int) -> float:
