@@ -20,7 +20,9 @@ from typing import (
     overload,
 )
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
@@ -98,9 +100,12 @@ async def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) 
                 replies.append(await conn.read_response())
             except ResponseError as exc:
                 replies.append(exc)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(Exception):
             await conn.disconnect()
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            with contextlib.suppress(Exception):
+                await client.nodes_manager.initialize()
         raise
     finally:
         node.release(conn)

@@ -113,8 +113,13 @@ def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> lis
                 replies.append(conn.read_response())
             except ResponseError as exc:
                 replies.append(exc)
-    except BaseException:
+    except BaseException as exc:
         conn.disconnect()
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            # The master may be gone (failed over): learn the slots again,
+            # so that the flow's next try goes to the new one.
+            with contextlib.suppress(Exception):
+                client.nodes_manager.initialize()
         raise
     finally:
         pool.release(conn)

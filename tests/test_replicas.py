@@ -415,3 +415,35 @@ def _read(ledgers: list[Path]) -> tuple[list[dict[str, Any]], dict[str, int]]:
             elif kind == "error":
                 errors[f"{row['op']}:{row['error']}"] += 1
     return leases, errors
+
+
+def test_core_confirms_a_pushed_grant_and_gives_back_an_unconfirmed_one() -> None:
+    """The decision, without I/O: a grant pushed to a queued waiter is
+    confirmed by a confirmed renew; confirmed by too few, it is released
+    and NotReplicated raised (the shells only carry the steps out)."""
+    from allocator._core import Call, Confirmed, Wait
+
+    pool = Pool.create(
+        "p", lease_ttl=5, bind_ttl=5, prefix="alloc", min_replicas=1, replica_timeout=0.1
+    )
+    for replicas in (1, 0):
+        flow = pool.acquire(10, None, None, True, cid="c")
+        steps = flow.steps
+        step = next(steps)
+        assert isinstance(step, Call) and step.script == "acquire" and step.confirm == (1, 100)
+        step = steps.send(Confirmed(["queued", "5-0", -1], 1))
+        assert isinstance(step, Wait)
+        step = steps.send(f"g|{flow.lid}|5-0|42|5000000|5000|r")
+        assert isinstance(step, Call) and step.script == "renew" and step.confirm == (1, 100)
+        if replicas:
+            with pytest.raises(StopIteration) as done:
+                steps.send(Confirmed(["renewed", 10_000], 1))
+            assert done.value.value.token == 42 and done.value.value.expires_at == 10.0
+            continue
+        step = steps.send(Confirmed(["renewed", 10_000], 0))
+        assert isinstance(step, Call) and step.script == "release" and step.confirm is None
+        step = steps.send(["released"])
+        assert isinstance(step, Call) and step.script == "cancel"  # leaving: nothing left
+        with pytest.raises(NotReplicated) as caught:
+            steps.send(["gone"])
+        assert caught.value.replicas == 0 and caught.value.token == 42
