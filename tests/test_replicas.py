@@ -258,6 +258,17 @@ def test_sentinel_clients_through_a_failover(
             await aclient.aclose()
 
     held_async = asyncio.run(async_part("before", None))
+    last = pool.acquire(timeout=5)
+    # A waiter blocks (its reader on a connection of the Sentinel pool)
+    # through the failover.
+    waiter_client = Sentinel(sentinels.addresses, socket_timeout=2.0).master_for(
+        MASTER, socket_timeout=5.0
+    )
+    waiter = FairAllocator(waiter_client, pool_name, min_replicas=1, replica_timeout=2.0)
+    outcome: list[Any] = []
+    thread = threading.Thread(target=_attempt, args=(waiter, 60, outcome), daemon=True)
+    thread.start()
+    wait_for("the waiter to queue", lambda: pool.status().waiting == 1)
     old = sentinels.master_address()
     replicated.primary.stop(kill=True)  # the hard way: no goodbye to the replicas
     new = wait_for(
@@ -266,9 +277,17 @@ def test_sentinel_clients_through_a_failover(
         timeout=60,
     )
     assert new != old
-    # Both confirmed leases survived on the new master.
+    # The confirmed leases survived on the new master.
     renewed = _retry(lambda: pool.renew(before, ttl=60))
     assert renewed.token == before.token
+    # The waiter's reader reconnected to the new master: a release there
+    # reaches it, and its grant is confirmed.
+    assert _retry(lambda: pool.release(last))
+    thread.join(60)
+    assert outcome and not isinstance(outcome[0], Exception), outcome
+    assert outcome[0].resource == last.resource and outcome[0].token > last.token
+    assert waiter.release(outcome[0])
+    waiter_client.close()
     assert asyncio.run(async_part("after", held_async))
     after = _retry(lambda: pool.acquire(timeout=5))
     assert after.resource != before.resource or after.token > before.token
