@@ -24,7 +24,7 @@ import redis.asyncio
 from _replication import MASTER, Replicated, Sentinels, sentinel_worker, wait_for
 from _workers import CTX
 
-from allocator import AsyncFairAllocator, FairAllocator, NotReplicated
+from allocator import AsyncFairAllocator, FairAllocator, LeaseLost, NotReplicated
 from allocator._core import KEY_SUFFIXES, Pool, confirm_commands, confirmed
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.replicas]
@@ -213,6 +213,33 @@ def _attempt(pool: FairAllocator, timeout: float, outcome: list[Any]) -> None:
         outcome.append(pool.acquire(timeout=timeout))
     except Exception as exc:
         outcome.append(exc)
+
+
+def test_a_failover_that_lost_a_grant_meets_its_holder_as_lease_lost(
+    replicated: Replicated, pool_name: str
+) -> None:
+    """The replica is promoted (``REPLICAOF NO ONE``) while the old primary
+    still takes writes, as in a partition. An unconfirmed grant made on the
+    old primary then is unknown to the new one: its holder's renew there
+    raises LeaseLost. A confirmed acquire on the old primary at that point
+    raises NotReplicated instead of returning a lease the new primary lacks."""
+    old = replicated.client()
+    new = replicated.client(replicated.replicas[0])
+    FairAllocator(old, pool_name).extend(["a", "b"])
+    old.execute_command("WAIT", 1, 5000)
+    new.execute_command("REPLICAOF", "NO", "ONE")
+    wait_for("the old primary to lose its replica", lambda: old.info()["connected_slaves"] == 0)
+    unconfirmed = FairAllocator(old, pool_name).acquire(timeout=5)
+    with pytest.raises(NotReplicated):
+        FairAllocator(old, pool_name, min_replicas=1, replica_timeout=0.2).acquire(timeout=5)
+    on_new = FairAllocator(new, pool_name)
+    with pytest.raises(LeaseLost):
+        on_new.renew(unconfirmed)
+    assert on_new.release(unconfirmed) is False
+    status = on_new.status()
+    assert status.free == status.size == 2  # the new primary never saw the grant
+    old.close()
+    new.close()
 
 
 # -- Sentinel ------------------------------------------------------------------------
