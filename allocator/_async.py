@@ -348,11 +348,10 @@ class _Reader:
         try:
             return await asyncio.wait_for(inbox.get(), timeout)
         except TimeoutError:
-            return None
+            return self.hub.trouble
 
     async def _run(self) -> None:
         hub = self.hub
-        delay = 0.05
         try:
             while not hub.idle:
                 try:
@@ -370,6 +369,7 @@ class _Reader:
                     acks, keys = hub.plan()
                     block = max(0.01, hub.beat_in(self.loop.time()))
                     popped = await self._exchange(acks, keys, block)
+                    hub.succeeded()
                     hub.acked(acks)
                     now = self.loop.time()
                     for key, message in popped:
@@ -380,24 +380,14 @@ class _Reader:
                             chore = self.loop.create_task(_drive(Pool._single(release), self._step))
                             self._chores.add(chore)
                             chore.add_done_callback(self._chores.discard)
-                    delay = 0.05
-                except _core.TRANSIENT_ERRORS:
-                    await self._drop_connection()
-                    if hub.idle:
-                        return
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                except Exception:
+                except Exception as exc:
                     await self._drop_connection()
                     if hub.idle:  # its client was closed under it, say
                         return
-                    # Never die silently with waiters parked on it: have each
-                    # look by itself (its own call shows the error), back off.
-                    _log.warning("allocator: waiting-list reader failed", exc_info=True)
-                    for inbox in hub.all_inboxes():
+                    pause, inboxes = hub.failed(exc)
+                    for inbox in inboxes:
                         inbox.put_nowait(_core.RECHECK)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+                    await asyncio.sleep(pause)
         except asyncio.CancelledError:
             # The loop is shutting down: a read cut short leaves its
             # connection unusable.
@@ -417,12 +407,13 @@ class _Reader:
         """Same as the sync reader's round: one round trip."""
         client = self._client
         if self._cluster:
-            for pick, lids in acks:
-                await client.zrem(pick, *lids)
-            if not keys:
-                return []
-            first = await client.blpop(keys, timeout=block)
-            rest = [(key, await client.lpop(key, _core.BATCH)) for key in keys] if first else []
+            with no_client_retries():
+                for pick, lids in acks:
+                    await client.zrem(pick, *lids)
+                if not keys:
+                    return []
+                first = await client.blpop(keys, timeout=block)
+                rest = [(key, await client.lpop(key, _core.BATCH)) for key in keys] if first else []
             return _core.popped(first, rest)
         conn = self._conn
         if conn is None:

@@ -315,7 +315,9 @@ class Call(Generic[T]):
 
 class Wait(NamedTuple):
     """Wait up to ``timeout`` seconds (None: no limit) for the next message
-    the client's reader routes to waiter ``lid``; send it (or None)."""
+    the client's reader routes to waiter ``lid``; send it, or, when none
+    came in time, the reader's :attr:`Hub.trouble` (None, or its last error
+    while it fails)."""
 
     lid: str
     timeout: float | None
@@ -792,10 +794,23 @@ class Pool:
         poll: Call[State] = Call(
             "poll", own, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
         )
+        # The reader's last error while it fails, if it does, when a wait ends.
+        trouble: BaseException | None = None
+
+        def attempt(call: Call[State]) -> Flow[State]:
+            try:
+                return (yield from self._look(call, deadline))
+            except Exception as exc:
+                if blocking and timeout is not None and is_transient(exc):
+                    # Out of time while the server was unreachable: the
+                    # caller's timeout ran out; the error is its cause.
+                    raise AcquireTimeout(self.name, time.monotonic() - started) from exc
+                raise
+
         try:
             # A lost reply is retried with the same lease id: the script finds
             # the first attempt's ticket, so the requester keeps its place.
-            state = yield from self._look(enqueue, deadline)
+            state = yield from attempt(enqueue)
             if state == _BUSY:
                 return None
             while True:
@@ -804,7 +819,7 @@ class Pool:
                 if state == _GONE:
                     # The ticket left the queue without us (the pool's data was
                     # lost, or we looked dead for too long): queue again.
-                    state = yield from self._look(enqueue, deadline)
+                    state = yield from attempt(enqueue)
                     continue
                 assert isinstance(state, tuple)
                 ticket, hint = state
@@ -814,13 +829,16 @@ class Pool:
                 while True:
                     now = time.monotonic()
                     if deadline is not None and now >= deadline:
-                        raise AcquireTimeout(self.name, now - started)
+                        raise AcquireTimeout(self.name, now - started) from trouble
                     limits = [t - now for t in (deadline, wake_at) if t is not None]
                     span = min(limits) if limits else None
                     if span is not None and span <= 0:
                         break
                     message = yield Wait(lid, span)
-                    if message is None:
+                    if message is None or isinstance(message, BaseException):
+                        # Nothing came: the reply to a Wait that ran out is
+                        # the reader's trouble, if it has any.
+                        trouble = message
                         if deadline is not None and time.monotonic() >= deadline:
                             continue
                         break
@@ -836,7 +854,7 @@ class Pool:
                         wake_at = time.monotonic() + seen
                     elif seen == RECHECK:
                         break
-                state = yield from self._look(poll, deadline)
+                state = yield from attempt(poll)
         except GeneratorExit:
             raise
         except BaseException:
@@ -1160,6 +1178,12 @@ class Hub:
         self._served: dict[str, _Served] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._last_beat: float | None = None
+        #: The error of the reader's last round while it fails (None once a
+        #: round goes through): a waiter whose time runs out meanwhile
+        #: chains it to its AcquireTimeout.
+        self.trouble: BaseException | None = None
+        self._retrier = Retrier("waiting-list reader")
+        self._refusals = 0
 
     # -- waiters ------------------------------------------------------------
 
@@ -1230,6 +1254,36 @@ class Hub:
 
     def all_inboxes(self) -> list[Any]:
         return [inbox for _, inbox in self._waiters.values()]
+
+    # -- trouble ------------------------------------------------------------
+
+    def failed(self, error: BaseException) -> tuple[float, list[Any]]:
+        """A round (or a heartbeat) failed with ``error``: how long the
+        reader pauses, and the inboxes of the waiters that must look by
+        themselves.
+
+        A transient error (the server unreachable, failing over) is retried
+        with jittered backoff while the waiters wait; one whose time runs
+        out meanwhile chains :attr:`trouble` to its AcquireTimeout. Any
+        other error (a wrong password, an ACL refusal, a bug) is not the
+        reader's to retry for ever: every waiter looks by itself, so that
+        its own call raises the error at once, and the reader backs off
+        until they have left or the error has passed."""
+        self.trouble = error
+        delay = self._retrier.next_delay(error)
+        if delay is not None:
+            return delay, []
+        self._refusals += 1
+        _log.warning("allocator: the waiting-list reader failed", exc_info=error)
+        pause = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._refusals, 16))
+        return random.uniform(pause / 2, pause), self.all_inboxes()
+
+    def succeeded(self) -> None:
+        """A round went through."""
+        if self.trouble is not None:
+            self.trouble = None
+            self._refusals = 0
+            self._retrier.succeeded()
 
     def plan(self) -> tuple[list[tuple[str, list[str]]], list[str]]:
         """This round's acknowledgements (``pick`` key, lease ids) and the

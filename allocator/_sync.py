@@ -414,7 +414,7 @@ class _Reader:
         try:
             return inbox.get(timeout=timeout)
         except queue.Empty:
-            return None
+            return self.hub.trouble
 
     @property
     def reading(self) -> bool:
@@ -432,7 +432,6 @@ class _Reader:
 
     def _run(self) -> None:
         hub = self.hub
-        delay = 0.05
         try:
             while True:
                 try:
@@ -454,6 +453,7 @@ class _Reader:
                         block = max(0.01, hub.beat_in(time.monotonic()))
                     popped = self._exchange(acks, keys, block)
                     with self._lock:
+                        hub.succeeded()
                         hub.acked(acks)
                         now = time.monotonic()
                         routes = [hub.route(key, message, now) for key, message in popped]
@@ -462,26 +462,15 @@ class _Reader:
                             inbox.put(item)
                         elif release is not None:
                             _drive(Pool._single(release), self._step)
-                    delay = 0.05
-                except _core.TRANSIENT_ERRORS:
+                except Exception as exc:
                     self._drop_connection()
                     if self._closing:
                         return
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                except Exception:
-                    self._drop_connection()
-                    if self._closing:
-                        return
-                    # Never die silently with waiters parked on it: have each
-                    # look by itself (its own call shows the error), back off.
-                    _log.warning("allocator: waiting-list reader failed", exc_info=True)
                     with self._lock:
-                        inboxes = self.hub.all_inboxes()
+                        pause, inboxes = hub.failed(exc)
                     for inbox in inboxes:
                         inbox.put(_core.RECHECK)
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+                    time.sleep(pause)
         finally:
             self._release_connection()
 
@@ -496,12 +485,13 @@ class _Reader:
         if self._cluster:
             # All keys of one reader share a slot; the cluster client finds
             # its node and follows MOVED. Commands one by one.
-            for pick, lids in acks:
-                self._client.zrem(pick, *lids)
-            if not keys:
-                return []
-            first = self._client.blpop(keys, timeout=block)
-            rest = [(key, self._client.lpop(key, _core.BATCH)) for key in keys] if first else []
+            with no_client_retries():
+                for pick, lids in acks:
+                    self._client.zrem(pick, *lids)
+                if not keys:
+                    return []
+                first = self._client.blpop(keys, timeout=block)
+                rest = [(key, self._client.lpop(key, _core.BATCH)) for key in keys] if first else []
             return _core.popped(first, rest)
         conn = self._conn
         if conn is None:

@@ -11,6 +11,7 @@ has a generous guard, and retry bounds are counted, not timed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -28,7 +29,7 @@ from redis.exceptions import AuthenticationError, NoScriptError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
-from allocator import AsyncFairAllocator, FairAllocator, Lease
+from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
 from allocator._core import Sleep
 from allocator._server import RedisServer
 
@@ -130,14 +131,95 @@ def test_retries_log_at_debug_and_a_long_outage_warns_once(
     _client, pool = stopped_pool(server, pool_name)
     monkeypatch.setattr("allocator._core.OUTAGE_WARNING", 0.3)
     with caplog.at_level(logging.DEBUG, logger="allocator"):
-        with pytest.raises(RedisConnectionError):
+        with pytest.raises(AcquireTimeout) as timed_out:
             pool.acquire(timeout=2.0)
+    assert isinstance(timed_out.value.__cause__, RedisConnectionError)
     mine = [r for r in caplog.records if r.name == "allocator"]
     debug = [r for r in mine if r.levelno == logging.DEBUG and "retry" in r.getMessage()]
     warnings = [r for r in mine if r.levelno == logging.WARNING]
     assert debug, "each retry is logged at debug"
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert "unreachable" in warnings[0].getMessage()
+
+
+# -- 3. a give-up chains its cause; a reader never spins on a refusal -----------------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_server_that_dies_under_a_waiter_is_the_cause_of_its_timeout(
+    server: RedisServer, pool_name: str, flavour: str
+) -> None:
+    """A waiter whose server dies while it waits (its reader is failing,
+    nothing else calls) times out with the transport error as the cause,
+    not a bare AcquireTimeout that hides it."""
+    admin = redis.Redis.from_url(server.url)
+    holder = FairAllocator(admin, pool_name)
+    holder.extend(["r"])
+    held = holder.acquire()
+    if flavour == "sync":
+        waiter = FairAllocator(redis.Redis.from_url(server.url), pool_name)
+        call = Background(lambda: waiter.acquire(timeout=4.0))
+    else:
+        loop = LoopThread()
+
+        async def wait() -> Any:
+            client = redis.asyncio.Redis.from_url(server.url)
+            try:
+                return await AsyncFairAllocator(client, pool_name).acquire(timeout=4.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+        call = Background(lambda: loop.run(wait()))
+    wait_until(lambda: holder.status().waiting == 1, what="the waiter queued")
+    assert held.resource == "r"
+    server.stop()
+    with pytest.raises(AcquireTimeout) as timed_out:
+        call.join(60)
+    assert isinstance(timed_out.value.__cause__, RedisConnectionError), timed_out.value.__cause__
+    if flavour == "async":
+        loop.drain()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_reader_refused_by_the_server_makes_its_waiter_raise_at_once(
+    server: RedisServer, pool_name: str, flavour: str
+) -> None:
+    """The password of a waiting client's user is changed and its
+    connections are killed: its reader reconnects and is refused. The
+    refusal is not retried for ever in the background: the waiter raises
+    AuthenticationError long before its timeout."""
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "worker", "on", ">old", "~*", "+@all")
+    holder = FairAllocator(admin, pool_name)
+    holder.extend(["r"])
+    holder.acquire(ttl=3600)  # no deadline comes to wake the waiter
+    url = server.url.replace("redis://", "redis://worker:old@")
+    if flavour == "sync":
+        waiter = FairAllocator(redis.Redis.from_url(url), pool_name)
+        call = Background(lambda: waiter.acquire(timeout=600))
+    else:
+        loop = LoopThread()
+
+        async def wait() -> Any:
+            client = redis.asyncio.Redis.from_url(url)
+            try:
+                return await AsyncFairAllocator(client, pool_name).acquire(timeout=600)
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+        call = Background(lambda: loop.run(wait(), timeout=None))
+    wait_until(lambda: holder.status().waiting == 1, what="the waiter queued")
+    admin.execute_command("ACL", "SETUSER", "worker", "resetpass", ">new")
+    admin.execute_command("CLIENT", "KILL", "USER", "worker")
+    # Before the fix the reader retried the refusal as a lost connection,
+    # silently, and the waiter sat out its 600 s (the join guard fails).
+    with pytest.raises(AuthenticationError):
+        call.join(60)
+    if flavour == "async":
+        loop.drain()
+    admin.close()
 
 
 # -- 4. NOSCRIPT between the reload and the retry ---------------------------------------
@@ -371,7 +453,10 @@ def test_library_calls_skip_the_clients_retries_user_calls_keep_them(
     pool.extend(["r"])
     server.stop()
     CountingBackoff.count = 0
-    for call in (lambda: pool.acquire(timeout=1.0), pool.status, pool.gc):
+    with pytest.raises(AcquireTimeout) as timed_out:
+        pool.acquire(timeout=1.0)
+    assert isinstance(timed_out.value.__cause__, RedisConnectionError)
+    for call in (pool.status, pool.gc):
         with pytest.raises(RedisConnectionError):
             call()
     with pytest.raises(RedisConnectionError):
@@ -397,9 +482,11 @@ def test_async_library_calls_skip_the_clients_retries(server: RedisServer, pool_
         await pool.extend(["r"])
         server.stop()
         CountingBackoff.count = 0
-        for call in (lambda: pool.acquire(timeout=1.0), pool.status):
-            with pytest.raises(RedisConnectionError):
-                await call()
+        with pytest.raises(AcquireTimeout) as timed_out:
+            await pool.acquire(timeout=1.0)
+        assert isinstance(timed_out.value.__cause__, RedisConnectionError)
+        with pytest.raises(RedisConnectionError):
+            await pool.status()
         library = CountingBackoff.count
         with pytest.raises(RedisConnectionError):
             await made.ping()
