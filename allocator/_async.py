@@ -108,7 +108,11 @@ async def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) 
                 await client.nodes_manager.initialize()
         raise
     finally:
-        node.release(conn)
+        release = getattr(node, "release", None)
+        if release is not None:
+            release(conn)
+        else:  # redis-py < 5.1: the node keeps its free connections itself
+            node._free.append(conn)
     if _core.moved(replies):
         await client.nodes_manager.initialize()  # learn the new owner of the slot
     return replies
