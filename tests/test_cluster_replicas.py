@@ -20,7 +20,7 @@ import pytest
 import redis
 import redis.asyncio.cluster
 from _cluster import LocalCluster, Node
-from helpers import wait_until
+from helpers import readers_quiet, wait_until
 from redis.cluster import RedisCluster
 
 from allocator import AsyncFairAllocator, FairAllocator, Lease, NotReplicated
@@ -136,6 +136,7 @@ def test_slot_migration_while_a_confirmed_waiter_waits(cluster: LocalCluster) ->
     # Confirmed on the replica of the slot's new master.
     assert _has(_replica_of(cluster, target), name, got.id)
     assert waiter.release(got)
+    readers_quiet(waiter)
     client.close()
 
 
@@ -167,6 +168,7 @@ def test_master_failover_keeps_confirmed_leases(cluster: LocalCluster) -> None:
     assert waiter.release(got) and pool.release(renewed)
     status = pool.status()
     assert status.free == status.size == 2 and status.waiting == 0
+    readers_quiet(waiter)
     client.close()
 
 

@@ -23,6 +23,7 @@ import redis
 import redis.asyncio
 from _replication import MASTER, Replicated, Sentinels, sentinel_worker, wait_for
 from _workers import CTX
+from helpers import readers_quiet
 
 from allocator import AsyncFairAllocator, FairAllocator, LeaseLost, NotReplicated
 from allocator._core import KEY_SUFFIXES, Pool, confirm_commands, confirmed
@@ -205,6 +206,7 @@ def test_pushed_grant_is_confirmed_before_acquire_returns(
             assert outcome and isinstance(outcome[0], NotReplicated), outcome
     status = plain.status()
     assert status.free == status.size == 1 and status.waiting == 0
+    readers_quiet(confirming)
     client.close()
 
 
@@ -314,6 +316,7 @@ def test_sentinel_clients_through_a_failover(
     assert outcome and not isinstance(outcome[0], Exception), outcome
     assert outcome[0].resource == last.resource and outcome[0].token > last.token
     assert waiter.release(outcome[0])
+    readers_quiet(waiter)
     waiter_client.close()
     assert asyncio.run(async_part("after", held_async))
     after = _retry(lambda: pool.acquire(timeout=5))
