@@ -8,6 +8,7 @@
 
 from ._async import AsyncFairAllocator
 from ._core import acl_key_pattern
+from ._scripts import load_functions
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, PoolStatus, ResourceStatus
 from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
@@ -27,4 +28,5 @@ __all__ = [
     "ResourceStatus",
     "UnknownResource",
     "acl_key_pattern",
+    "load_functions",
 ]

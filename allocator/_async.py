@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from typing import (
     Any,
     Literal,
@@ -21,7 +21,7 @@ from typing import (
 )
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
@@ -49,15 +49,11 @@ async def _step(
 ) -> Any:
     """Same as the sync shell's ``_step``, awaitable."""
     if isinstance(step, Call):
-        keys, args = step.keys, step.args
         with no_client_retries():
+            commands = scripts.invoke(client, step.script, step.keys, step.args)
             if step.confirm is not None:
-                return await _confirm(client, scripts, step)
-            try:
-                return await client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
-            except NoScriptError:
-                # Same as the sync shell: run it by its text.
-                return await client.eval(scripts.text[step.script], len(keys), *keys, *args)
+                return await _commands(client, _core.confirming(step, commands), step.keys[0])
+            return await _commands(client, commands)
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return await reader().wait(step.lid, step.timeout)
@@ -68,18 +64,31 @@ async def _step(
     return None
 
 
-async def _confirm(client: Any, scripts: Scripts, call: Call[Any]) -> _core.Confirmed:
-    """Same as the sync shell's ``_confirm``, awaitable."""
-    send = _send_to_slot if is_cluster(client) else _send_pipelined
-    head = ("EVALSHA", scripts.sha[call.script])
-    replies = await send(client, _core.confirm_commands(call, head), call.keys[0])
-    if _core.needs_text(replies):
-        head = ("EVAL", scripts.text[call.script])
-        replies = await send(client, _core.confirm_commands(call, head), call.keys[0])
-    return _core.confirmed(replies)
+async def _commands(client: Any, commands: Generator[Any, Any, Any], key: str = "") -> Any:
+    """Carry out the commands of one script call (``Scripts.invoke``; a
+    list of commands is a confirmed call's pipeline, see
+    ``_core.confirming``, for the slot of ``key``). A cancellation passes
+    straight through: the flow around decides."""
+    reply: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            args = commands.send(reply) if error is None else commands.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        reply, error = None, None
+        try:
+            if isinstance(args, list):
+                send = _send_to_slot if is_cluster(client) else _send_pipelined
+                reply = await send(client, args, key)
+            else:
+                reply = await client.execute_command(*args)
+        except Exception as exc:  # handed to the flow, which decides
+            error = exc
 
 
 async def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same as the sync shell's ``_send_pipelined``, awaitable."""
     async with client.pipeline(transaction=False) as pipe:
         for command in commands:
             pipe.execute_command(*command)

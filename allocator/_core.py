@@ -45,7 +45,6 @@ from redis.exceptions import (
     ClusterError,
     MovedError,
     NoPermissionError,
-    NoScriptError,
     ReadOnlyError,
     SlotNotCoveredError,
     TryAgainError,
@@ -372,42 +371,70 @@ class Confirmed(NamedTuple):
 CONFIRM_FIELD = "wseq"
 
 
-def confirm_commands(call: Call[Any], head: tuple[str, str]) -> list[tuple[str | int, ...]]:
-    """The pipeline of a confirmed call: the script (``head`` is
-    ``("EVALSHA", sha)`` or ``("EVAL", text)``), the marker write, WAIT."""
+#: The commands that run a script (``Scripts.invoke`` yields one of them,
+#: after a ``FUNCTION LOAD`` perhaps).
+SCRIPT_COMMANDS = frozenset({"FCALL", "EVALSHA", "EVAL"})
+
+
+def confirm_commands(call: Call[Any], command: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The pipeline of a confirmed call: the script ``command`` (FCALL,
+    EVALSHA or EVAL), the marker write, WAIT."""
     assert call.confirm is not None, "not a confirmed call"
     replicas, timeout_ms = call.confirm
     return [
-        (*head, len(call.keys), *call.keys, *call.args),
+        command,
         ("HINCRBY", call.keys[0], CONFIRM_FIELD, 1),
         ("WAIT", replicas, timeout_ms),
     ]
 
 
-def confirmed(replies: list[Any]) -> Confirmed:
-    """The replies of :func:`confirm_commands` (errors as values) as a
-    :class:`Confirmed`; the first error among them is raised."""
-    for reply in replies:
-        if isinstance(reply, (MovedError, AskError)):
-            # The slot moved or is moving: transient, like TRYAGAIN.
-            raise ClusterError(f"the pool's slot is moving: {reply}") from reply
-        if isinstance(reply, Exception):
-            raise reply
-    if len(replies) != 3:
-        raise AllocatorError(f"unexpected replies to a confirmed call: {replies!r}")
-    return Confirmed(replies[0], int(replies[2]))
+def confirming(
+    call: Call[Any], commands: Generator[tuple[Any, ...], Any, Any]
+) -> Generator[tuple[Any, ...] | list[tuple[Any, ...]], Any, Confirmed]:
+    """The commands of a confirmed call: those of ``commands`` (the
+    script's, from ``Scripts.invoke``), each script command sent as the
+    pipeline of :func:`confirm_commands` (a list: the shells send it on one
+    connection and send back the replies, errors as values). The script's
+    reply or error goes back to ``commands``, which decides (NOSCRIPT: by
+    text; a missing library: load it); returns the script's reply and the
+    replicas that confirmed it."""
+    replicas = 0
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            command = commands.send(reply) if error is None else commands.throw(error)
+        except StopIteration as stop:
+            return Confirmed(stop.value, replicas)
+        reply, error = None, None
+        if _decode(command[0]).upper() not in SCRIPT_COMMANDS:
+            try:
+                reply = yield command
+            except Exception as exc:
+                error = exc
+            continue
+        replies = yield confirm_commands(call, command)
+        if len(replies) != 3:
+            raise AllocatorError(f"unexpected replies to a confirmed call: {replies!r}")
+        for item in replies:
+            if isinstance(item, (MovedError, AskError)):
+                # The slot moved or is moving: transient, like TRYAGAIN.
+                raise ClusterError(f"the pool's slot is moving: {item}") from item
+        script, marker, acked = replies
+        for item in (marker, acked):
+            if isinstance(item, Exception):
+                raise item
+        if isinstance(script, Exception):
+            error = script
+            continue
+        reply, replicas = script, int(acked)
 
 
 def moved(replies: list[Any]) -> bool:
     """A confirmed call sent to a cluster node that no longer serves the
-    pool's slot: the shell refreshes its slot map (:func:`confirmed` then
+    pool's slot: the shell refreshes its slot map (:func:`confirming` then
     raises a transient error, and the flow tries again)."""
     return any(isinstance(reply, MovedError) for reply in replies)
-
-
-def needs_text(replies: list[Any]) -> bool:
-    """The script of a confirmed call met NOSCRIPT: send it again by text."""
-    return bool(replies) and isinstance(replies[0], NoScriptError)
 
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.

@@ -1,16 +1,45 @@
-"""Load the Lua scripts: ``prelude.lua`` + one file per operation.
+"""Load the Lua scripts: ``prelude.lua`` + one file per operation, and run
+them: as a Redis Functions library where the server has one, else as scripts.
 
 In a wheel the scripts are inside the package (``allocator/lua/``, put there by
 hatchling's force-include); in a source checkout or an editable install they
 are only in the repository's top-level ``lua/``, so that is the fallback.
+
+**Two ways to run the same Lua.** As a script (``EVALSHA``, Redis 6.2,
+fakeredis, a Redis Cluster), the prelude and the operation's body run on
+every call, so every helper closure is made again on every call. As a
+Functions library (``FUNCTION LOAD`` once, then ``FCALL``; Redis >= 7 and
+Valkey), built from the same files: the prelude's helpers (below its
+``@helpers`` line) are defined once when the library loads; a call only
+builds its state table (its keys, the server time), which finds the helpers
+through a metatable. :meth:`Scripts.invoke` chooses once per client and
+follows the server: a library lost to a restart, a failover or ``FUNCTION
+FLUSH`` is loaded again, and a server or a user (its ACL) without Functions
+falls back to scripts for good. ``ALLOCATOR_FUNCTIONS=0`` in the environment
+keeps every client on scripts.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
+import weakref
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["OPERATIONS", "Scripts", "load_scripts", "lua_dir", "scripts"]
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+
+__all__ = [
+    "OPERATIONS",
+    "Scripts",
+    "library_text",
+    "load_functions",
+    "load_scripts",
+    "lua_dir",
+    "scripts",
+]
 
 OPERATIONS = (
     "acquire",
@@ -39,27 +68,180 @@ def lua_dir() -> Path:
     )
 
 
-def load_scripts() -> dict[str, str]:
-    """Script text per operation, each with the prelude in front."""
+def _sources() -> tuple[str, dict[str, str]]:
     folder = lua_dir()
     prelude = (folder / "prelude.lua").read_text(encoding="utf-8")
-    return {
-        op: prelude + "\n" + (folder / f"{op}.lua").read_text(encoding="utf-8") for op in OPERATIONS
-    }
+    return prelude, {op: (folder / f"{op}.lua").read_text(encoding="utf-8") for op in OPERATIONS}
+
+
+def load_scripts() -> dict[str, str]:
+    """Script text per operation, each with the prelude in front."""
+    prelude, bodies = _sources()
+    return {op: prelude + "\n" + body for op, body in bodies.items()}
+
+
+#: The line of prelude.lua that ends the state of a call and starts the helpers.
+HELPERS_MARK = "-- @helpers:"
+
+
+def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
+    """The Functions library made of the same Lua as the scripts.
+
+    ``local P = {}`` holds the helpers, defined once at load. ``begin(KEYS)``
+    runs the prelude's state part (which makes a ``local P`` of its own)
+    and gives that table the helpers by a metatable. Each function wraps an
+    operation's body, unchanged, after ``local P = begin(KEYS)``; ``KEYS``
+    and ``ARGV`` are its parameters, as the body expects.
+    """
+    state, mark, helpers = prelude.partition(HELPERS_MARK)
+    if not mark:
+        raise ValueError(f"prelude.lua has no {HELPERS_MARK!r} line")
+    parts = [
+        f"#!lua name=allocator_{version}",
+        "local P = {}",
+        mark + helpers,
+        "local HELPERS = {__index = P}",
+        "local function begin(KEYS)",
+        state,
+        "  return setmetatable(P, HELPERS)",
+        "end",
+    ]
+    for op, body in bodies.items():
+        parts += [
+            f"redis.register_function('{op}_{version}', function(KEYS, ARGV)",
+            "local P = begin(KEYS)",
+            body,
+            "end)",
+        ]
+    return "\n".join(parts) + "\n"
+
+
+#: How a client runs the scripts, once known.
+FUNCTIONS, SCRIPTS = "functions", "scripts"
+
+_log = logging.getLogger("allocator")
 
 
 class Scripts:
-    """The pool scripts by operation: their text and SHA1.
+    """The pool scripts by operation: their text and SHA1, and the Functions
+    library built from them.
 
-    The shells call ``EVALSHA`` directly and load a script when the server
-    answers NOSCRIPT (a restart, SCRIPT FLUSH, a new cluster node): redis-py's
-    ``Script`` wrapper does the same, at about a third more client CPU per
-    call.
+    Calls go out as plain commands (``FCALL``, ``EVALSHA``, ``EVAL``):
+    redis-py's ``Script`` wrapper costs about a third more client CPU.
     """
 
     def __init__(self) -> None:
-        self.text = load_scripts()
+        prelude, bodies = _sources()
+        self.text = {op: prelude + "\n" + body for op, body in bodies.items()}
         self.sha = {op: hashlib.sha1(t.encode("utf-8")).hexdigest() for op, t in self.text.items()}
+        digest = hashlib.sha1("".join(self.sha.values()).encode()).hexdigest()
+        #: A name per version of the Lua, so that processes running two
+        #: versions side by side (a rolling upgrade) each find their own.
+        self.version = digest[:12]
+        self.library = library_text(prelude, bodies, self.version)
+        self.function = {op: f"{op}_{self.version}" for op in OPERATIONS}
+        self._modes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self.enabled = os.environ.get("ALLOCATOR_FUNCTIONS", "1").strip().lower() not in (
+            "0",
+            "false",
+            "no",
+            "off",
+        )
+
+    def mode(self, client: Any) -> str | None:
+        """How ``client`` runs the scripts: FUNCTIONS, SCRIPTS, or None (not
+        known yet: its first call tries the library)."""
+        if not self.enabled or hasattr(client, "nodes_manager"):
+            # A cluster client would ask a node for FCALL's keys on every
+            # call (COMMAND GETKEYS); it routes EVALSHA by itself.
+            return SCRIPTS
+        return self._modes.get(client)
+
+    def invoke(
+        self, client: Any, op: str, keys: Any, args: Any
+    ) -> Generator[tuple[Any, ...], Any, Any]:
+        """The commands that run operation ``op`` on ``client``: a flow that
+        yields each command's arguments, is sent its reply (or thrown its
+        error) and returns the operation's reply. No I/O of its own: the
+        shells carry the commands out."""
+        n = len(keys)
+        if self.mode(client) != SCRIPTS:
+            call = ("FCALL", self.function[op], n, *keys, *args)
+            try:
+                reply = yield call
+            except ResponseError as exc:
+                trouble = _functions_trouble(exc)
+                if trouble is None:
+                    raise
+                if trouble == "missing":
+                    if (yield from self._load(client)):
+                        try:
+                            reply = yield call
+                        except ResponseError as again:
+                            # Flushed again between the load and the call: this
+                            # call runs as a script, which no flush can race.
+                            if _functions_trouble(again) != "missing":
+                                raise
+                        else:
+                            self._modes[client] = FUNCTIONS
+                            return reply
+                else:
+                    self._fall_back(client, exc)
+            else:
+                self._modes[client] = FUNCTIONS
+                return reply
+        try:
+            return (yield ("EVALSHA", self.sha[op], n, *keys, *args))
+        except NoScriptError:
+            # Flushed, restarted, failed over: run it by its text, which
+            # caches it again. Unlike SCRIPT LOAD then EVALSHA, no flush can
+            # land in between.
+            return (yield ("EVAL", self.text[op], n, *keys, *args))
+
+    def _load(self, client: Any) -> Generator[tuple[Any, ...], Any, bool]:
+        """Load the library (a new server, a restart, FUNCTION FLUSH).
+        False if this client may not, or the server cannot."""
+        try:
+            yield ("FUNCTION", "LOAD", "REPLACE", self.library)
+        except ResponseError as exc:
+            if _functions_trouble(exc) != "unsupported":
+                raise
+            if isinstance(exc, NoPermissionError):
+                # A user that may call the library but not load it: this call
+                # runs as a script (if its ACL allows); the next one looks for
+                # the library again, which an admin may have loaded since.
+                _log.warning(
+                    "allocator: the Functions library allocator_%s is not loaded on this "
+                    "server and this user may not load it (allocator.load_functions)",
+                    self.version,
+                )
+            else:
+                self._fall_back(client, exc)
+            return False
+        _log.debug("allocator: loaded the Functions library allocator_%s", self.version)
+        return True
+
+    def _fall_back(self, client: Any, error: BaseException) -> None:
+        if self._modes.get(client) != SCRIPTS:
+            _log.info("allocator: running the Lua as scripts (EVALSHA), not Functions: %s", error)
+        self._modes[client] = SCRIPTS
+
+
+def _functions_trouble(error: ResponseError) -> str | None:
+    """``"missing"``: the server has Functions but not this library;
+    ``"unsupported"``: the server (Redis 6.2, fakeredis) or this user's ACL
+    has no Functions; None: an error of the call itself."""
+    text = str(error)
+    lowered = text.lower()
+    if "function not found" in lowered:
+        return "missing"
+    if isinstance(error, NoPermissionError) and any(
+        name in lowered for name in ("'fcall'", "'function|load'", "'function'")
+    ):
+        return "unsupported"
+    if "unknown command" in lowered and ("fcall" in lowered or "function" in lowered):
+        return "unsupported"
+    return None
 
 
 _SCRIPTS: list[Scripts] = []
@@ -70,3 +252,15 @@ def scripts() -> Scripts:
     if not _SCRIPTS:
         _SCRIPTS.append(Scripts())
     return _SCRIPTS[0]
+
+
+def load_functions(client: Any) -> str:
+    """Load this version's Functions library on the server of ``client`` (a
+    sync ``redis.Redis``; a ``RedisCluster`` loads it on every master) and
+    return its name. For an admin: the library loads itself on first use,
+    unless the users' ACL allows ``FCALL`` but not ``FUNCTION LOAD`` (the
+    least-privilege role in docs/operations.md). Needs Redis >= 7 or Valkey.
+    """
+    made = scripts()
+    client.execute_command("FUNCTION", "LOAD", "REPLACE", made.library)
+    return f"allocator_{made.version}"

@@ -11,12 +11,12 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from redis.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
@@ -31,6 +31,7 @@ __all__ = ["FairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 def heartbeat_for(client: Any) -> float:
@@ -58,17 +59,20 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     """Carry out one step of a flow; ``reader`` gives the client's reader
     for a Wait."""
     if isinstance(step, Call):
-        keys, args = step.keys, step.args
         with no_client_retries():
+            commands = scripts.invoke(client, step.script, step.keys, step.args)
             if step.confirm is not None:
-                return _confirm(client, scripts, step)
-            try:
-                return client.evalsha(scripts.sha[step.script], len(keys), *keys, *args)
-            except NoScriptError:
-                # Flushed, restarted, failed over: run it by its text, which
-                # caches it again. Unlike SCRIPT LOAD then EVALSHA, no flush
-                # can land in between.
-                return client.eval(scripts.text[step.script], len(keys), *keys, *args)
+                send = _send_to_slot if is_cluster(client) else _send_pipelined
+                key = step.keys[0]
+                return _drive(
+                    _core.confirming(step, commands),
+                    lambda args: (
+                        send(client, args, key)
+                        if isinstance(args, list)
+                        else client.execute_command(*args)
+                    ),
+                )
+            return _drive(commands, lambda args: client.execute_command(*args))
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return reader().wait(step.lid, step.timeout)
@@ -79,20 +83,9 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     return None
 
 
-def _confirm(client: Any, scripts: Scripts, call: Call[Any]) -> _core.Confirmed:
-    """A confirmed call: the script, the marker write and WAIT in one
-    pipeline on one connection (see ``_core.confirm_commands``), again by
-    the script's text after NOSCRIPT."""
-    send = _send_to_slot if is_cluster(client) else _send_pipelined
-    head = ("EVALSHA", scripts.sha[call.script])
-    replies = send(client, _core.confirm_commands(call, head), call.keys[0])
-    if _core.needs_text(replies):
-        head = ("EVAL", scripts.text[call.script])
-        replies = send(client, _core.confirm_commands(call, head), call.keys[0])
-    return _core.confirmed(replies)
-
-
 def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """A confirmed script call (``_core.confirming``): its commands in one
+    pipeline on one connection; the replies, errors as values."""
     pipe = client.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)
@@ -100,8 +93,8 @@ def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> l
 
 
 def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
-    """On a cluster: one connection to the master of the pool's slot (WAIT
-    names no key, and must follow the writes on their connection)."""
+    """Same, on a cluster: one connection to the master of the pool's slot
+    (WAIT names no key, and must follow the writes on their connection)."""
     node = client.get_node_from_key(key)
     pool = node.redis_connection.connection_pool
     conn = _get_connection(pool)
@@ -128,7 +121,7 @@ def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> lis
     return replies
 
 
-def _drive(steps: Flow[T], run: Callable[[Step], Any]) -> T:
+def _drive(steps: Generator[S, Any, T], run: Callable[[S], Any]) -> T:
     """Run a flow to its end. Errors of a step are thrown into the flow,
     which decides (retry, leave the queue, raise)."""
     reply: Any = None

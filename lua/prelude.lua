@@ -52,6 +52,12 @@ do
   P.stamp = string.format('%014x', P.now_us)
 end
 
+-- @helpers: above, the state of one call; below, the helpers. As a script
+-- (EVALSHA) all of it runs on every call; in the Functions library
+-- (allocator/_scripts.py) the helpers are defined once, when the library
+-- loads, and each call only builds its state, which finds them through a
+-- metatable. So the helpers keep no state of their own: only `self`.
+
 ---------------------------------------------------------------------------
 -- Resources
 ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from allocator import FairAllocator, acl_key_pattern
+from allocator import FairAllocator, acl_key_pattern, load_functions
 from allocator._server import RedisServer
 
 pytestmark = pytest.mark.real_redis
@@ -23,8 +23,18 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 
 def documented_lines() -> list[str]:
     lines = re.findall(r"^ACL SETUSER .*$", DOC.read_text(encoding="utf-8"), flags=re.M)
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
     return lines
+
+
+def script_lines() -> list[str]:
+    return [x for x in documented_lines() if "+evalsha" in x]
+
+
+def needs_functions(server: RedisServer) -> None:
+    version = redis.Redis.from_url(server.url).info("server")["redis_version"]
+    if int(str(version).split(".")[0]) < 7:
+        pytest.skip(f"server {version} has no Functions")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +73,7 @@ def exercise(pool: FairAllocator) -> None:
 
 
 def test_the_per_pool_line(server: RedisServer) -> None:
-    line = next(x for x in documented_lines() if "~alloc:{proxies}:*" in x)
+    line = next(x for x in script_lines() if "~alloc:{proxies}:*" in x)
     # Names with glob characters must not widen the pattern: '*' must not
     # cover 'star-and-more', '?x' must not cover 'ax'.
     pairs = [
@@ -83,7 +93,7 @@ def test_the_per_pool_line(server: RedisServer) -> None:
 
 
 def test_the_every_pool_line(server: RedisServer) -> None:
-    line = next(x for x in documented_lines() if "~alloc:*" in x)
+    line = next(x for x in script_lines() if "~alloc:*" in x)
     user = as_user(server, line, "every", "alloc:*")
     for name in ("one", "two"):
         exercise(FairAllocator(user, name))
@@ -104,4 +114,26 @@ def test_documented_commands_are_exactly_what_the_scripts_call() -> None:
     for line in documented_lines():
         granted = {w[1:].split("|")[0] for w in line.split() if w.startswith("+")}
         assert called <= granted, called - granted
-        assert granted - called == {"evalsha", "eval", "blpop", "lpop"}, granted - called
+        client = {"fcall"} if "+fcall" in line else {"evalsha", "eval"}
+        assert granted - called == client | {"blpop", "lpop"}, granted - called
+
+
+def test_the_line_that_may_only_call_the_library(server: RedisServer) -> None:
+    """The least-privilege role: FCALL of the library an admin loaded, no
+    EVAL, no FUNCTION LOAD. It runs every operation and no Lua of its own."""
+    needs_functions(server)
+    line = next(x for x in documented_lines() if "+fcall" in x)
+    admin = redis.Redis.from_url(server.url)
+    admin.function_flush()
+    user = as_user(server, line, "fcall-only", acl_key_pattern("proxies"))
+    pool = FairAllocator(user, "proxies")
+    with pytest.raises(NoPermissionError):  # not loaded yet, and it may not load it
+        pool.status()
+    assert load_functions(admin).startswith("allocator_")
+    exercise(pool)
+    with pytest.raises(NoPermissionError):
+        user.eval("return 1", 0)
+    with pytest.raises(NoPermissionError):
+        user.function_load("#!lua name=mine\nredis.register_function('f', function() end)")
+    user.close()
+    admin.close()

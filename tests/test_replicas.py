@@ -26,7 +26,7 @@ from _workers import CTX
 from helpers import readers_quiet
 
 from allocator import AsyncFairAllocator, FairAllocator, LeaseLost, NotReplicated
-from allocator._core import KEY_SUFFIXES, Pool, confirm_commands, confirmed
+from allocator._core import KEY_SUFFIXES, Confirmed, Pool, confirm_commands, confirming
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.replicas]
 
@@ -61,13 +61,34 @@ def test_confirm_commands_put_a_write_between_the_script_and_wait() -> None:
         "p", lease_ttl=5, bind_ttl=5, prefix="alloc", min_replicas=2, replica_timeout=0.25
     )
     call = pool._confirmed(pool._renew_call(_lease(), 1000))
-    commands = confirm_commands(call, ("EVALSHA", "abc"))
-    assert commands[0][:3] == ("EVALSHA", "abc", len(pool.keys))
+    script = ("EVALSHA", "abc", len(pool.keys), *pool.keys)
+    commands = confirm_commands(call, script)
+    assert commands[0] == script
     assert commands[1] == ("HINCRBY", pool.keys[0], "wseq", 1)
     assert commands[2] == ("WAIT", 2, 250)
-    assert confirmed([["renewed", 5], 1, 2]).replicas == 2
-    with pytest.raises(redis.ResponseError):
-        confirmed([redis.ResponseError("boom"), 1, 0])
+
+    def invoke() -> Any:  # as Scripts.invoke: FCALL, the library missing, load, again
+        try:
+            yield ("FCALL", "renew_x", 0)
+        except redis.ResponseError:
+            yield ("FUNCTION", "LOAD", "REPLACE", "...")
+        return (yield ("FCALL", "renew_x", 0))
+
+    flow = confirming(call, invoke())
+    first = next(flow)
+    assert isinstance(first, list) and first[0][0] == "FCALL" and first[2][0] == "WAIT"
+    load = flow.send([redis.ResponseError("Function not found"), 1, 2])
+    assert load == ("FUNCTION", "LOAD", "REPLACE", "...")  # not confirmed: no write of its own
+    again = flow.send("OK")
+    assert isinstance(again, list)
+    with pytest.raises(StopIteration) as done:
+        flow.send([["renewed", 5], 2, 1])
+    assert done.value.value == Confirmed(["renewed", 5], 1)
+    # An error of the marker or of WAIT itself is raised.
+    flow = confirming(call, invoke())
+    next(flow)
+    with pytest.raises(redis.ResponseError, match="unknown command"):
+        flow.send([["renewed", 5], 1, redis.ResponseError("unknown command 'wait'")])
 
 
 def _lease() -> Any:

@@ -1,0 +1,93 @@
+"""Server instructions per operation, on the scripts path and the Functions
+path: redis-server runs under callgrind (instruction counts do not depend on
+what else the machine does), the counters are zeroed before each phase and
+dumped after it.
+
+    python docs/scripts/callgrind_cost.py [N]
+
+Needs valgrind (callgrind_control) and redis-server on PATH. About a minute.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import redis
+
+from allocator import FairAllocator, Lease
+from allocator._scripts import scripts
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    out = tempfile.mkdtemp(prefix="callgrind-")
+    port = free_port()
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p",
+         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(port=port)
+        for _ in range(300):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.2)
+
+        def measure(run: Callable[[], object]) -> float:
+            subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
+            for _ in range(n):
+                run()
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
+            time.sleep(0.5)
+            newest = max(glob.glob(f"{out}/cg.*"), key=os.path.getmtime)
+            with open(newest, encoding="utf-8") as dump:
+                for line in dump:
+                    if line.startswith(("summary:", "totals:")):
+                        return int(line.split()[1]) / n
+            return float("nan")
+
+        print(f"{'path':<10} {'PING':>8} {'acquire+release':>16} {'renew':>8}   (instructions)")
+        for path in ("scripts", "functions"):
+            scripts().enabled = path == "functions"
+            own = redis.Redis(port=port)
+            pool = FairAllocator(own, f"cg-{path}")
+            pool.extend(["a", "b"])
+            for _ in range(50):
+                pool.release(pool.acquire())
+            held = pool.acquire()
+
+            def cycle_once(pool: FairAllocator = pool) -> None:
+                pool.release(pool.acquire())
+
+            def renew_once(pool: FairAllocator = pool, held: Lease = held) -> None:
+                pool.renew(held)
+
+            ping = measure(own.ping)
+            cycle = measure(cycle_once)
+            renew = measure(renew_once)
+            print(f"{path:<10} {ping:>8,.0f} {cycle:>16,.0f} {renew:>8,.0f}")
+            own.close()
+    finally:
+        server.terminate()
+        server.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The Functions library (issue 10): the same Lua as the scripts, loaded
+once per server and called with FCALL where the server has Functions; the
+scripts (EVALSHA) where it, the client or the user's ACL has none. The
+rest of the suite runs on whichever path the server gives (Functions on
+Redis 7 and Valkey, scripts on Redis 6.2); `.ci/run` also runs a part of
+it with ``ALLOCATOR_FUNCTIONS=0``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import ResponseError
+
+from allocator import FairAllocator
+from allocator._scripts import FUNCTIONS, OPERATIONS, SCRIPTS, _sources, library_text, scripts
+
+pytestmark = pytest.mark.real_redis
+
+CTX = multiprocessing.get_context("spawn")
+
+
+def has_functions(client: Any) -> bool:
+    return int(str(client.info("server")["redis_version"]).split(".")[0]) >= 7
+
+
+def calls(client: Any) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {c: stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha", "eval")}
+
+
+@pytest.fixture
+def client(redis_url: str) -> Any:
+    made = redis.Redis.from_url(redis_url)
+    if not has_functions(made):
+        pytest.skip("the server has no Functions")
+    yield made
+    made.close()
+
+
+def test_the_library_is_the_scripts_with_the_helpers_defined_once() -> None:
+    made = scripts()
+    text = made.library
+    assert text.startswith(f"#!lua name=allocator_{made.version}\n")
+    _prelude, bodies = _sources()
+    for op in OPERATIONS:
+        assert f"redis.register_function('{op}_{made.version}'," in text
+        assert bodies[op] in text  # each body unchanged
+    # The helpers are defined once, at load: outside every function body.
+    assert text.count("function P:grant(") == 1
+    assert text.index("function P:grant(") < text.index("local function begin(KEYS)")
+    with pytest.raises(ValueError, match="@helpers"):
+        library_text("local P = {}\n", {"x": "return 1"}, "v")
+
+
+def test_a_server_with_functions_runs_the_library(client: Any, pool_name: str) -> None:
+    client.function_flush()
+    pool = FairAllocator(client, pool_name)
+    before = calls(client)
+    pool.extend(["a", "b"])
+    lease = pool.acquire(timeout=5)
+    assert pool.release(lease)
+    after = calls(client)
+    assert scripts().mode(client) == FUNCTIONS
+    # The first call found no library and loaded it; then every call is FCALL.
+    assert after["evalsha"] == before["evalsha"] and after["eval"] == before["eval"]
+    # extend (before the load, and again after it: the first may or may not
+    # count), acquire, release.
+    assert after["fcall"] - before["fcall"] in (3, 4)
+    assert client.function_list(library=f"allocator_{scripts().version}")
+
+
+def flusher(url: str, stop: Any, ready: Any) -> None:
+    client = redis.Redis.from_url(url)
+    ready.set()
+    while not stop.value:
+        client.function_flush()
+        client.script_flush()
+
+
+def test_a_storm_of_function_flushes_never_reaches_the_caller(
+    client: Any, redis_url: str, pool_name: str
+) -> None:
+    """The library lost between two calls (a restart, a failover, FUNCTION
+    FLUSH) is loaded again within the call."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["a", "b"])
+    stop, ready = CTX.RawValue("i", 0), CTX.Event()
+    storm = [CTX.Process(target=flusher, args=(redis_url, stop, ready)) for _ in range(2)]
+    for proc in storm:
+        proc.start()
+    try:
+        assert ready.wait(30)
+        failures = []
+        for _ in range(300):
+            try:
+                lease = pool.acquire(timeout=30)
+                lease = pool.renew(lease)
+                assert pool.release(lease)
+            except ResponseError as exc:
+                failures.append(exc)
+        assert not failures, f"{len(failures)} calls failed: {failures[:3]}"
+    finally:
+        stop.value = 1
+        for proc in storm:
+            proc.join(30)
+    assert scripts().mode(client) == FUNCTIONS
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (2, 0, 0)
+
+
+def test_a_user_whose_acl_refuses_fcall_runs_the_scripts(
+    client: Any, redis_url: str, pool_name: str
+) -> None:
+    client.execute_command("ACL", "SETUSER", "nofcall", "on", ">pw", "~*", "+@all", "-fcall")
+    url = redis_url.replace("redis://", "redis://nofcall:pw@")
+    user = redis.Redis.from_url(url)
+    pool = FairAllocator(user, pool_name)
+    pool.extend(["a"])
+    before = calls(client)
+    assert pool.release(pool.acquire(timeout=5))
+    after = calls(client)
+    assert scripts().mode(user) == SCRIPTS
+    assert after["fcall"] == before["fcall"]  # chosen once: never tried again
+    assert after["evalsha"] - before["evalsha"] == 2
+    user.close()
+    client.execute_command("ACL", "DELUSER", "nofcall")
+
+
+def test_the_environment_can_keep_every_client_on_scripts(redis_url: str, pool_name: str) -> None:
+    code = (
+        "import redis, sys\n"
+        "from allocator import FairAllocator\n"
+        "from allocator._scripts import scripts\n"
+        f"c = redis.Redis.from_url({redis_url!r})\n"
+        f"p = FairAllocator(c, {pool_name!r})\n"
+        "p.extend(['a']); p.release(p.acquire(timeout=5))\n"
+        "print(scripts().mode(c))\n"
+    )
+    env = {**os.environ, "ALLOCATOR_FUNCTIONS": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == SCRIPTS
