@@ -82,10 +82,13 @@ def lacks(feature: str) -> str | None:
     """Why the server on PATH cannot do ``feature``, or None if it can.
 
     ``cluster-port``: ``--cluster-port`` (Redis >= 7.0; the local cluster
-    needs it); ``redis7-stats``: statistics that Redis 7.0 reports and
-    Valkey or Redis 6.2 do not (INFO errorstats counts of a script's errors,
+    needs it); ``functions``: ``FUNCTION``/``FCALL`` (Redis >= 7.0);
+    ``redis7-stats``: statistics that Redis 7.0 reports and Valkey or Redis
+    6.2 do not (INFO errorstats counts of a script's errors,
     commandstats ``rejected_calls`` as Redis 7.0 counts them)."""
     name, number = version()
+    if feature == "functions" and name == "redis" and number < (7,):
+        return f"Redis {'.'.join(map(str, number))} has no Functions (Redis >= 7.0)"
     if feature == "cluster-port" and name == "redis" and number < (7,):
         return f"Redis {'.'.join(map(str, number))} has no --cluster-port (Redis >= 7.0)"
     if feature == "redis7-stats" and (name != "redis" or number < (7,)):
