@@ -23,7 +23,7 @@ import redis
 import redis.asyncio
 from _replication import MASTER, Replicated, Sentinels, sentinel_worker, wait_for
 from _workers import CTX
-from helpers import readers_quiet
+from helpers import LoopThread, readers_quiet
 
 from allocator import AsyncFairAllocator, FairAllocator, LeaseLost, NotReplicated
 from allocator._core import KEY_SUFFIXES, Confirmed, Pool, confirm_commands, confirming
@@ -319,6 +319,12 @@ def test_sentinel_clients_through_a_failover(
     thread = threading.Thread(target=_attempt, args=(waiter, 60, outcome), daemon=True)
     thread.start()
     wait_for("the waiter to queue", lambda: pool.status().waiting == 1)
+    # And an asyncio waiter, its reader a task on a Sentinel pool connection.
+    loop = LoopThread()
+    aclient = loop.run(_async_master(sentinels))
+    apool = AsyncFairAllocator(aclient, pool_name, min_replicas=1, replica_timeout=2.0)
+    awaited = asyncio.run_coroutine_threadsafe(apool.acquire(timeout=60), loop.loop)
+    wait_for("the asyncio waiter to queue", lambda: pool.status().waiting == 2)
     old = sentinels.master_address()
     replicated.primary.stop(kill=True)  # the hard way: no goodbye to the replicas
     new = wait_for(
@@ -339,6 +345,12 @@ def test_sentinel_clients_through_a_failover(
     assert waiter.release(outcome[0])
     readers_quiet(waiter)
     waiter_client.close()
+    # The asyncio waiter, next in line, was handed that release's resource.
+    agot = awaited.result(60)
+    assert agot.resource == last.resource and agot.token > outcome[0].token
+    assert loop.run(apool.release(agot))
+    loop.run(aclient.aclose())
+    loop.close()
     assert asyncio.run(async_part("after", held_async))
     after = _retry(lambda: pool.acquire(timeout=5))
     assert after.resource != before.resource or after.token > before.token
@@ -346,6 +358,14 @@ def test_sentinel_clients_through_a_failover(
     status = pool.status()
     assert status.free == status.size == 3
     sync_client.close()
+
+
+async def _async_master(sentinels: Sentinels) -> Any:
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    return AsyncSentinel(sentinels.addresses, socket_timeout=2.0).master_for(
+        MASTER, socket_timeout=5.0
+    )
 
 
 def _retry(call: Any, timeout: float = 30.0) -> Any:
