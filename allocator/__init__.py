@@ -10,7 +10,7 @@ from ._async import AsyncFairAllocator
 from ._core import acl_key_pattern
 from ._scripts import load_functions
 from ._sync import FairAllocator
-from ._values import GCReport, Lease, PoolStatus, ResourceStatus
+from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
 
 __version__ = "0.1.0"
@@ -22,8 +22,10 @@ __all__ = [
     "FairAllocator",
     "GCReport",
     "Lease",
+    "LeaseInfo",
     "LeaseLost",
     "NotReplicated",
+    "PoolStats",
     "PoolStatus",
     "ResourceStatus",
     "UnknownResource",

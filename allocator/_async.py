@@ -29,7 +29,7 @@ from ._core import Call, Command, Flow, Pool, Step, Wait
 from ._scripts import Scripts, scripts
 from ._sync import heartbeat_for, is_cluster
 from ._transport import bound_client_retries, client_kind, no_client_retries
-from ._values import GCReport, Lease, PoolStatus
+from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
 
 __all__ = ["AsyncFairAllocator"]
@@ -222,6 +222,7 @@ class AsyncFairAllocator:
         ttl: float | None = ...,
         bind: str | None = ...,
         blocking: Literal[True] = ...,
+        owner: str | None = ...,
     ) -> Lease: ...
 
     @overload
@@ -232,6 +233,7 @@ class AsyncFairAllocator:
         ttl: float | None = ...,
         bind: str | None = ...,
         blocking: bool,
+        owner: str | None = ...,
     ) -> Lease | None: ...
 
     async def acquire(
@@ -241,11 +243,12 @@ class AsyncFairAllocator:
         ttl: float | None = None,
         bind: str | None = None,
         blocking: bool = True,
+        owner: str | None = None,
     ) -> Lease | None:
         """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
         Cancelling the task leaves the queue."""
         reader = self._reader()
-        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid)
+        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid, owner=owner)
         reader.register(self._pool, flow.lid)
         try:
             return await self._drive(flow.steps)
@@ -260,12 +263,13 @@ class AsyncFairAllocator:
         ttl: float | None = None,
         bind: str | None = None,
         keepalive: bool = False,
+        owner: str | None = None,
     ) -> AsyncIterator[Lease]:
         """Same as :meth:`FairAllocator.lease <allocator.FairAllocator.lease>`, as
         ``async with``; ``keepalive`` renews from a task."""
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
-        held = await self.acquire(timeout, ttl=ttl, bind=bind)
+        held = await self.acquire(timeout, ttl=ttl, bind=bind, owner=owner)
         keeper = _Keeper(self, held) if keepalive else None
         try:
             yield held
@@ -319,6 +323,38 @@ class AsyncFairAllocator:
     async def gc(self) -> GCReport:
         """Same as :meth:`FairAllocator.gc <allocator.FairAllocator.gc>`, awaitable."""
         return await self._drive(self._pool.gc())
+
+    async def leases(self) -> tuple[LeaseInfo, ...]:
+        """Same as :meth:`FairAllocator.leases <allocator.FairAllocator.leases>`, awaitable."""
+        return await self._drive(self._pool.leases())
+
+    async def stats(self) -> PoolStats:
+        """Same as :meth:`FairAllocator.stats <allocator.FairAllocator.stats>`, awaitable."""
+        return await self._drive(self._pool.stats())
+
+    async def quarantine(self, resource: str, seconds: float) -> None:
+        """Same as :meth:`FairAllocator.quarantine <allocator.FairAllocator.quarantine>`,
+        awaitable."""
+        return await self._drive(self._pool.quarantine(resource, seconds))
+
+    async def delete(self, *, force: bool = False) -> bool:
+        """Same as :meth:`FairAllocator.delete <allocator.FairAllocator.delete>`, awaitable."""
+        return await self._drive(self._pool.delete(force))
+
+    @staticmethod
+    async def pools(client: Any, *, prefix: str = "alloc") -> list[str]:
+        """Same as :meth:`FairAllocator.pools <allocator.FairAllocator.pools>`, awaitable."""
+        pattern = _core.pools_pattern(prefix)
+        if is_cluster(client):
+            keys = [
+                key
+                async for key in client.scan_iter(
+                    match=pattern, count=1000, target_nodes=client.PRIMARIES
+                )
+            ]
+        else:
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+        return _core.pool_names(keys, prefix)
 
 
 def _cancelling(task: asyncio.Task[Any] | None) -> int:

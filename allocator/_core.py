@@ -22,8 +22,11 @@ import collections
 import contextlib
 import logging
 import math
+import os
 import random
+import re
 import secrets
+import socket
 import ssl
 import time
 import warnings
@@ -52,7 +55,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._values import GCReport, Lease, PoolStatus, ResourceStatus
+from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
 
 __all__ = [
@@ -68,7 +71,10 @@ __all__ = [
     "Step",
     "Wait",
     "acl_key_pattern",
+    "default_owner",
     "is_transient",
+    "pool_names",
+    "pools_pattern",
 ]
 
 _log = logging.getLogger("allocator")
@@ -289,8 +295,83 @@ class Retrier:
 
 KEY_SUFFIXES = (
     "meta", "res", "gone", "free", "park", "q", "recs", "exp", "bind", "bexp", "alive", "rlog",
-    "pick", "held",
+    "pick", "held", "stats",
 )  # fmt: skip
+
+#: Upper bounds (seconds) of the wait histogram's buckets, as the scripts
+#: keep them (P:count_wait in prelude.lua, in ms): field ``w<i>`` of the
+#: ``stats`` hash counts the grants whose wait fell in bucket i (1-based),
+#: ``w0`` those beyond the last bound.
+WAIT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+_OWNER: list[tuple[int, str]] = []
+
+
+def default_owner() -> str:
+    """``<hostname>:<pid>``, the owner of a lease when the caller names none
+    (worked out once per process: a forked child has its own pid)."""
+    pid = os.getpid()
+    if not _OWNER or _OWNER[0][0] != pid:
+        host = socket.gethostname() or "localhost"
+        _OWNER[:] = [(pid, _clean(f"{host}:{pid}")[:MAX_NAME])]
+    return _OWNER[0][1]
+
+
+def _clean(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text) or "?"
+
+
+def _owner(value: object) -> str:
+    return default_owner() if value is None else _text("owner", value, MAX_NAME)
+
+
+def pools_pattern(prefix: object) -> str:
+    """The SCAN pattern that finds the keys of every pool under ``prefix``
+    (glob characters of the prefix escaped, so that it matches no other
+    prefix). Any key of a pool tells that it exists: a pool may have a
+    queue and no resources yet, or resources and no bookkeeping yet."""
+    prefix = _text("prefix", prefix, MAX_NAME)
+    return _glob_escape(_escape(prefix)) + ":{*}:*"
+
+
+_UNESCAPE = {"%25": "%", "%7B": "{", "%7D": "}"}
+
+
+def pool_names(keys: Iterable[Any], prefix: str) -> list[str]:
+    """The pool names in ``keys`` (SCAN replies for :func:`pools_pattern`),
+    unescaped, each once, sorted. Signal lists and keys of other shapes are
+    not a pool's keys."""
+    head = _escape(prefix) + ":{"
+    names = set()
+    for key in keys:
+        text = _decode(key)
+        if not text.startswith(head):
+            continue
+        middle, brace, suffix = text[len(head) :].partition("}:")
+        if brace and suffix in KEY_SUFFIXES and "{" not in middle:
+            names.add(re.sub("%(25|7B|7D)", lambda m: _UNESCAPE[m.group(0)], middle))
+    return sorted(names)
+
+
+def stats_from_fields(name: str, fields: dict[str, int], server_time: float) -> PoolStats:
+    """A :class:`PoolStats` from the fields of a pool's ``stats`` hash."""
+    counts = [fields.get(f"w{i}", 0) for i in range(1, len(WAIT_BOUNDS) + 1)]
+    counts.append(fields.get("w0", 0))
+    buckets, total = [], 0
+    for bound, count in zip((*WAIT_BOUNDS, math.inf), counts, strict=True):
+        total += count
+        buckets.append((bound, total))
+    return PoolStats(
+        name=name,
+        grants=total,
+        timeouts=fields.get("timeouts", 0),
+        reclaimed=fields.get("reclaimed", 0),
+        revoked=fields.get("revoked", 0),
+        dropped_waiters=fields.get("dropped", 0),
+        wait_seconds=tuple(buckets),
+        wait_seconds_sum=fields.get("ws", 0) / 1000,
+        server_time=server_time,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -373,7 +454,7 @@ CONFIRM_FIELD = "wseq"
 
 #: The commands that run a script (``Scripts.invoke`` yields one of them,
 #: after a ``FUNCTION LOAD`` perhaps).
-SCRIPT_COMMANDS = frozenset({"FCALL", "EVALSHA", "EVAL"})
+SCRIPT_COMMANDS = frozenset({"FCALL", "FCALL_RO", "EVALSHA", "EVAL"})
 
 
 def confirm_commands(call: Call[Any], command: tuple[Any, ...]) -> list[tuple[Any, ...]]:
@@ -439,6 +520,9 @@ def moved(replies: list[Any]) -> bool:
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.
 RECHECK = "r|"
+#: What Pool._message makes of a ``d|<lease id>`` notice: the pool was
+#: deleted while this requester waited.
+DELETED = "d|"
 
 
 # --------------------------------------------------------------------------
@@ -697,6 +781,10 @@ class Pool:
             # The grant was taken back while this client looked gone: the
             # waiter must look again (and queue again) at once.
             return RECHECK
+        elif kind == "d" and rest == lid:
+            # The pool was deleted (delete(force=True)): give up, and never
+            # queue again (that would make the pool anew).
+            return DELETED
         return None
 
     def _check_lease(self, lease: object) -> Lease:
@@ -781,7 +869,14 @@ class Pool:
     # -- acquire --------------------------------------------------------------
 
     def acquire(
-        self, timeout: object, ttl: object, bind: object, blocking: object, *, cid: str
+        self,
+        timeout: object,
+        ttl: object,
+        bind: object,
+        blocking: object,
+        *,
+        cid: str,
+        owner: object = None,
     ) -> Acquire:
         """Check the arguments and build an acquire: its steps, and the lease
         id under which the client's reader routes messages to it. ``cid`` is
@@ -791,8 +886,9 @@ class Pool:
         wait = _timeout(timeout)
         ttl_ms = self._ttl_ms(ttl)
         bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
+        holder = _owner(owner)
         lid = secrets.token_urlsafe(16)
-        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking)
+        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder)
         return Acquire(lid=lid, steps=steps)
 
     def _acquire(
@@ -803,6 +899,7 @@ class Pool:
         ttl_ms: int,
         bind: str | None,
         blocking: bool,
+        owner: str,
     ) -> Flow[Lease | None]:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
@@ -815,12 +912,22 @@ class Pool:
         enqueue: Call[State] = Call(
             "acquire",
             own,
-            (lid, cid, ttl_ms, alive_ms, "1" if blocking else "0", bind or "", _ms(self.bind_ttl)),
+            (
+                lid,
+                cid,
+                ttl_ms,
+                alive_ms,
+                "1" if blocking else "0",
+                bind or "",
+                _ms(self.bind_ttl),
+                owner,
+            ),
             lambda reply: self._state("acquire", lid, reply),
         )
         poll: Call[State] = Call(
             "poll", own, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
         )
+        deleted = False
         # The reader's last error while it fails, if it does, when a wait ends.
         trouble: BaseException | None = None
 
@@ -879,6 +986,9 @@ class Pool:
                         break  # taken back meanwhile: look again
                     if isinstance(seen, float):
                         wake_at = time.monotonic() + seen
+                    elif seen == DELETED:
+                        deleted = True
+                        raise AcquireTimeout(self.name, time.monotonic() - started)
                     elif seen == RECHECK:
                         break
                 state = yield from attempt(poll)
@@ -888,6 +998,9 @@ class Pool:
             # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
             # leave the queue, and pass on a grant that raced in. One try: if
             # it fails, the ticket's liveness runs out and dispatch drops it.
+            # A deleted pool holds no ticket: a cancel would only make keys.
+            if deleted:
+                raise
             cancel = Call("cancel", own, (lid,), lambda reply: _tagged("cancel", reply))
             with contextlib.suppress(Exception):
                 yield from self._retrying(cancel, attempts=1)
@@ -1040,17 +1153,22 @@ class Pool:
 
     def _parse_status(self, reply: Any) -> PoolStatus:
         tag, rest = _tagged("status", reply)
-        if tag != "status" or len(rest) < 6 or (len(rest) - 6) % 2:
+        if tag != "status" or len(rest) < 7 or (len(rest) - 7) % 3:
             raise _unexpected("status", reply)
-        now_us, free, waiting, bindings, hits, misses = (int(x) for x in rest[:6])
+        now_us, exists, waiting, oldest_ms, bindings, hits, misses = (int(x) for x in rest[:7])
+        now_ms = now_us // 1000
         rows = []
-        for i in range(6, len(rest), 2):
+        for i in range(7, len(rest), 3):
             name, record = _decode(rest[i]), _decode(rest[i + 1])
             cap, score, used, _fence, state, until, _stamp, rc, rw, _rv = record.split("|")
-            capacity, leases = int(cap), int(used)
+            # The script wrote nothing: what a writer would handle first is
+            # accounted for here. Leases past their deadline are not live; a
+            # quarantine or throttle that ended is over.
+            capacity, leases = int(cap), max(int(used) - int(rest[i + 2]), 0)
+            parked = state in ("q", "t") and int(until) > now_ms
             if state == "d":
                 shown = "draining"
-            elif state in ("q", "t"):
+            elif parked:
                 shown = "quarantined"
             else:
                 shown = "free" if leases < capacity else "leased"
@@ -1061,8 +1179,8 @@ class Pool:
                     priority=0.0 - float(score),
                     leases=leases,
                     state=shown,
-                    until=int(until) / 1000 if state in ("q", "t") else None,
-                    throttled=state == "t",
+                    until=int(until) / 1000 if parked else None,
+                    throttled=parked and state == "t",
                     rate=(int(rc), int(rw) / 1000) if int(rc) else None,
                 )
             )
@@ -1070,15 +1188,93 @@ class Pool:
         return PoolStatus(
             name=self.name,
             size=len(rows),
-            free=free,
+            free=sum(1 for row in rows if row.state == "free"),
             leased=sum(row.leases for row in rows),
-            waiting=waiting,
+            waiting=max(waiting, 0),
             resources=tuple(rows),
             bindings=bindings,
             bind_hits=hits,
             bind_misses=misses,
             server_time=now_us / 1e6,
+            oldest_wait=oldest_ms / 1000,
+            exists=exists == 1,
         )
+
+    def leases(self) -> Flow[tuple[LeaseInfo, ...]]:
+        def parse(reply: Any) -> tuple[LeaseInfo, ...]:
+            tag, rest = _tagged("leases", reply)
+            if tag != "leases" or not rest or (len(rest) - 1) % 5:
+                raise _unexpected("leases", reply)
+            out = []
+            for i in range(1, len(rest), 5):
+                resource, token, owner, granted_us, deadline_ms = (
+                    _decode(x) for x in rest[i : i + 5]
+                )
+                out.append(
+                    LeaseInfo(
+                        resource=resource,
+                        token=int(token),
+                        owner=owner,
+                        granted_at=int(granted_us) / 1e6,
+                        expires_at=int(deadline_ms) / 1000,
+                    )
+                )
+            out.sort(key=lambda info: (info.resource, info.granted_at, info.token))
+            return tuple(out)
+
+        return self._single(Call("leases", self.keys, (), parse))
+
+    def stats(self) -> Flow[PoolStats]:
+        def parse(reply: Any) -> PoolStats:
+            tag, rest = _tagged("stats", reply)
+            if tag != "stats" or not rest or (len(rest) - 1) % 2:
+                raise _unexpected("stats", reply)
+            fields = {_decode(rest[i]): int(rest[i + 1]) for i in range(1, len(rest), 2)}
+            return stats_from_fields(self.name, fields, int(rest[0]) / 1e6)
+
+        return self._single(Call("stats", self.keys, (), parse))
+
+    def quarantine(self, resource: object, seconds: object) -> Flow[None]:
+        resource = _text("resource", resource, MAX_RESOURCE)
+        ms = _ms(_seconds("seconds", seconds))
+
+        def parse(reply: Any) -> None:
+            tag, rest = _tagged("quarantine", reply)
+            if tag == "unknown" and not rest:
+                raise UnknownResource(self.name, resource)
+            if not ((tag == "quarantined" and len(rest) == 1) or (tag == "draining" and not rest)):
+                raise _unexpected("quarantine", reply)
+
+        yield from self._check_policy()
+        return (yield from self._single(Call("quarantine", self.keys, (resource, ms), parse)))
+
+    def delete(self, force: object) -> Flow[bool]:
+        if not isinstance(force, bool):
+            raise TypeError(f"force must be a bool, not {type(force).__name__}")
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("delete", reply)
+            if tag == "absent" and not rest:
+                return False
+            if tag == "busy" and len(rest) == 2:
+                leases, waiting = int(rest[0]), int(rest[1])
+                plural = "" if leases == 1 else "s"
+                raise AllocatorError(
+                    f"pool {self.name!r} is in use ({leases} live lease{plural}, "
+                    f"{waiting} waiting): nothing was deleted; delete(force=True) revokes "
+                    "the leases and turns the waiters away"
+                )
+            if tag == "deleted" and len(rest) == 2:
+                _log.info(
+                    "allocator: pool %r deleted (%d leases revoked, %d waiters turned away)",
+                    self.name,
+                    int(rest[0]),
+                    int(rest[1]),
+                )
+                return True
+            raise _unexpected("delete", reply)
+
+        return self._single(Call("delete", self.keys, ("1" if force else "0",), parse))
 
     def gc(self) -> Flow[GCReport]:
         def parse(reply: Any) -> tuple[list[int], str, str, str, bool]:
@@ -1349,6 +1545,10 @@ class Hub:
                 return entry[1], RECHECK, None
             if grant:
                 self._remember(served, lid)
+            elif text.startswith("d|"):
+                # Its pool was deleted: no more heartbeats for this waiter,
+                # which would make the pool's keys again before it leaves.
+                served.lids.pop(lid, None)
             return entry[1], message, None
         if grant:
             if lid in self._recent:

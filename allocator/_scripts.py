@@ -33,6 +33,7 @@ from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 __all__ = [
     "OPERATIONS",
+    "READ_ONLY",
     "Scripts",
     "library_text",
     "load_functions",
@@ -53,7 +54,18 @@ OPERATIONS = (
     "unbind",
     "status",
     "gc",
+    "leases",
+    "stats",
+    "quarantine",
+    "delete",
 )
+
+
+#: Operations that write nothing: registered with the ``no-writes`` flag in
+#: the Functions library and called with ``FCALL_RO``, so that a monitoring
+#: user whose ACL allows only ``FCALL_RO`` and read-only keys (``%R~``) can
+#: run them, and so can a replica.
+READ_ONLY = frozenset({"status", "leases", "stats"})
 
 
 def lua_dir() -> Path:
@@ -107,6 +119,15 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
         "end",
     ]
     for op, body in bodies.items():
+        if op in READ_ONLY:
+            parts += [
+                f"redis.register_function{{function_name = '{op}_{version}',",
+                "callback = function(KEYS, ARGV)",
+                "local P = begin(KEYS)",
+                body,
+                "end, flags = {'no-writes'}}",
+            ]
+            continue
         parts += [
             f"redis.register_function('{op}_{version}', function(KEYS, ARGV)",
             "local P = begin(KEYS)",
@@ -166,7 +187,8 @@ class Scripts:
         shells carry the commands out."""
         n = len(keys)
         if self.mode(client) != SCRIPTS:
-            call = ("FCALL", self.function[op], n, *keys, *args)
+            verb = "FCALL_RO" if op in READ_ONLY else "FCALL"
+            call = (verb, self.function[op], n, *keys, *args)
             try:
                 reply = yield call
             except ResponseError as exc:
@@ -236,7 +258,7 @@ def _functions_trouble(error: ResponseError) -> str | None:
     if "function not found" in lowered:
         return "missing"
     if isinstance(error, NoPermissionError) and any(
-        name in lowered for name in ("'fcall'", "'function|load'", "'function'")
+        name in lowered for name in ("'fcall'", "'fcall_ro'", "'function|load'", "'function'")
     ):
         return "unsupported"
     if "unknown command" in lowered and ("fcall" in lowered or "function" in lowered):

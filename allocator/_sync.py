@@ -23,7 +23,7 @@ from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
 from ._scripts import Scripts, scripts
 from ._transport import bound_client_retries, client_kind, no_client_retries
-from ._values import GCReport, Lease, PoolStatus
+from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
 
 __all__ = ["FairAllocator"]
@@ -219,6 +219,7 @@ class FairAllocator:
         ttl: float | None = ...,
         bind: str | None = ...,
         blocking: Literal[True] = ...,
+        owner: str | None = ...,
     ) -> Lease: ...
 
     @overload
@@ -229,6 +230,7 @@ class FairAllocator:
         ttl: float | None = ...,
         bind: str | None = ...,
         blocking: bool,
+        owner: str | None = ...,
     ) -> Lease | None: ...
 
     def acquire(
@@ -238,6 +240,7 @@ class FairAllocator:
         ttl: float | None = None,
         bind: str | None = None,
         blocking: bool = True,
+        owner: str | None = None,
     ) -> Lease | None:
         """Wait in line for a resource and lease it.
 
@@ -254,7 +257,7 @@ class FairAllocator:
         push to its signal list, never by polling the pool.
         """
         reader = self._reader()
-        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid)
+        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid, owner=owner)
         reader.register(self._pool, flow.lid)
         try:
             return self._drive(flow.steps)
@@ -269,6 +272,7 @@ class FairAllocator:
         ttl: float | None = None,
         bind: str | None = None,
         keepalive: bool = False,
+        owner: str | None = None,
     ) -> Iterator[Lease]:
         """Acquire on entry, release on exit::
 
@@ -282,7 +286,7 @@ class FairAllocator:
         """
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
-        held = self.acquire(timeout, ttl=ttl, bind=bind)
+        held = self.acquire(timeout, ttl=ttl, bind=bind, owner=owner)
         keeper = _Keeper(self, held) if keepalive else None
         try:
             yield held
@@ -361,6 +365,47 @@ class FairAllocator:
         that are gone, expire stale bindings, and serve waiters that can now
         be served. Safe to run from any number of processes at once."""
         return self._drive(self._pool.gc())
+
+    # -- seeing and steering ---------------------------------------------------
+
+    def leases(self) -> tuple[LeaseInfo, ...]:
+        """Every live lease: resource, token, owner, granted_at, expires_at
+        (never the lease id). Writes nothing: a read-only user may call it."""
+        return self._drive(self._pool.leases())
+
+    def stats(self) -> PoolStats:
+        """The pool's counters since it was created (grants, timeouts,
+        reclaimed, revoked, dropped waiters, the wait histogram), as the
+        scripts keep them in Redis. Writes nothing."""
+        return self._drive(self._pool.stats())
+
+    def quarantine(self, resource: str, seconds: float) -> None:
+        """Take ``resource`` out of rotation for ``seconds`` without holding a
+        lease. Live leases on it stay valid; it gets no new grant until the
+        time ends. Raises :class:`~allocator.UnknownResource` if it is not
+        in the pool; a draining resource stays draining."""
+        return self._drive(self._pool.quarantine(resource, seconds))
+
+    def delete(self, *, force: bool = False) -> bool:
+        """Remove the pool and every key it has; False if there was none.
+
+        While leases are live or requesters wait, raises
+        :class:`~allocator.AllocatorError` and changes nothing, unless
+        ``force=True``: then holders get :class:`~allocator.LeaseLost` and
+        waiters :class:`~allocator.AcquireTimeout`.
+        """
+        return self._drive(self._pool.delete(force))
+
+    @staticmethod
+    def pools(client: Any, *, prefix: str = "alloc") -> list[str]:
+        """The names of the pools under ``prefix`` on this server (on a Redis
+        Cluster: on every master), sorted. Writes nothing (SCAN)."""
+        pattern = _core.pools_pattern(prefix)
+        if is_cluster(client):
+            keys = client.scan_iter(match=pattern, count=1000, target_nodes=client.PRIMARIES)
+        else:
+            keys = client.scan_iter(match=pattern, count=1000)
+        return _core.pool_names(keys, prefix)
 
 
 class _Reader:

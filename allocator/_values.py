@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["GCReport", "Lease", "PoolStatus", "ResourceStatus"]
+__all__ = ["GCReport", "Lease", "LeaseInfo", "PoolStats", "PoolStatus", "ResourceStatus"]
 
 
 @attrs.frozen
@@ -61,6 +61,47 @@ class PoolStatus:
     bindings: int = 0
     bind_hits: int = 0
     bind_misses: int = 0
+    server_time: float = 0.0
+    #: Seconds the head of the queue has waited (0.0 with nobody waiting).
+    oldest_wait: float = 0.0
+    #: False when no key of the pool exists on the server (it reads as empty).
+    exists: bool = True
+
+
+@attrs.frozen
+class LeaseInfo:
+    """One live lease, as ``leases()`` shows it to people: never its id (the
+    secret that gives power over it). Times are the server's, in seconds."""
+
+    resource: str
+    token: int
+    owner: str
+    granted_at: float
+    expires_at: float
+
+
+@attrs.frozen
+class PoolStats:
+    """A pool's counters since it was created, kept in Redis by the scripts
+    (every process sees the same figures). All counts only grow.
+
+    ``timeouts``: acquires that gave up (timeout, cancellation, interrupt);
+    ``reclaimed``: leases that ended by expiry; ``revoked``: leases ended by
+    ``remove(force=True)``; ``dropped_waiters``: queue entries of requesters
+    that were gone. ``wait_seconds``: a cumulative histogram of the time from
+    entering the queue to the grant, ``(upper_bound_seconds, count)`` pairs
+    ending with ``inf`` (whose count equals ``grants``), and
+    ``wait_seconds_sum`` the sum of those waits.
+    """
+
+    name: str
+    grants: int = 0
+    timeouts: int = 0
+    reclaimed: int = 0
+    revoked: int = 0
+    dropped_waiters: int = 0
+    wait_seconds: tuple[tuple[float, int], ...] = ()
+    wait_seconds_sum: float = 0.0
     server_time: float = 0.0
 
 

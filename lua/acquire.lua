@@ -1,14 +1,15 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[16] the caller's signal key.
+-- KEYS: the pool's keys (lua/README.md), then KEYS[17] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
---       bind_ttl_ms
+--       bind_ttl_ms, owner (who holds the lease, for people: kept in the
+--       ticket's field `o`)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
-local lid, cid, ttl, alive_ms, blocking, bind, bind_ttl =
-  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
+local lid, cid, ttl, alive_ms, blocking, bind, bind_ttl, owner =
+  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 
 -- A retried call whose first reply was lost finds its own ticket here,
 -- instead of queueing a second time.
@@ -41,9 +42,10 @@ if not ticket then
     end
   end
   if bind == '' then
-    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl)
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner)
   else
-    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'b', bind, 'B', bind_ttl)
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'b', bind,
+      'B', bind_ttl)
   end
   local best = redis.call('ZRANGE', P.FREE, 0, 0)[1]
   if not ahead and best then

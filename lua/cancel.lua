@@ -2,7 +2,7 @@
 -- It leaves the queue; a grant that raced in is ended and passed on to the
 -- next waiter in this same run, so that nothing leaks.
 --
--- KEYS: the pool's keys, then KEYS[16] the caller's signal key (its client's).
+-- KEYS: the pool's keys, then KEYS[17] the caller's signal key (its client's).
 -- ARGV: lid
 -- Reply: {'cancelled'} left the queue | {'released'} a raced grant was passed on
 --      | {'gone'} nothing to do (already cancelled, or never queued)
@@ -20,6 +20,10 @@ elseif raw then
   redis.call('HDEL', P.RECS, lid)
   P:unhint(lid)
   out = 'cancelled'
+end
+if out ~= 'gone' then
+  -- An acquire that gave up (timeout, cancellation, interrupt).
+  P:note('timeouts', 1)
 end
 P:dispatch(nil)
 return {out}

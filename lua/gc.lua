@@ -44,6 +44,7 @@ if claimed.err and not string.find(tostring(claimed.err), 'NOGROUP', 1, true) th
   return redis.error_reply(tostring(claimed.err))
 end
 if not claimed.err then
+  local before = P.reclaimed
   next_pel = claimed[1]
   for _, id in ipairs(claimed[2]) do
     local e = redis.call('XRANGE', P.Q, id, id)[1]
@@ -68,6 +69,7 @@ if not claimed.err then
       orphans = orphans + 1
     end
   end
+  P:note('reclaimed', P.reclaimed - before)
   -- Redis 7 also lists pending ids whose entries were deleted (and drops them).
   if claimed[3] then
     orphans = orphans + #claimed[3]

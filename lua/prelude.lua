@@ -13,10 +13,11 @@
 local P = {
   META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
   Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
-  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], SIG = KEYS[15],
+  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
+  SIG = KEYS[16],
   -- The caller's own signal list, where a script declares it (acquire,
   -- poll, cancel).
-  OWN = KEYS[16],
+  OWN = KEYS[17],
   -- A grant pushed to a waiter's signal list is checked this long after, and
   -- again as long as its client's reader has not acknowledged it: while the
   -- client is alive, the grant is put back on its list if a lost reply took
@@ -173,6 +174,48 @@ function P:settle(name, r)
   self:res_save(name, r)
 end
 
+-- The pool's counters (STATS), kept by the scripts that change what they
+-- count, so every process sees the same figures. Only a count above zero
+-- costs a call.
+function P:note(field, n)
+  if n > 0 then
+    redis.call('HINCRBY', self.STATS, field, n)
+  end
+end
+
+-- A grant's wait, from the ticket's entry into the queue (its stream id is
+-- the server time in ms) to now, into the histogram in STATS: field `w<i>`
+-- counts the grants whose wait was at most the i-th bound (ms: 5 10 25 50
+-- 100 250 500 1000 2500 5000 10000 30000 60000 300000) and more than the
+-- one before, `w0` those beyond the last; `ws` is the sum of the waits in ms
+-- (the grants are the sum of the buckets). Kept in step with WAIT_BOUNDS in
+-- allocator/_core.py. The bounds are literals in a comparison chain, not a
+-- table: a table would be built on every run of every script. A wait of 0
+-- ms (the uncontended grant) adds nothing to the sum: one HINCRBY.
+function P:count_wait(ticket)
+  local w = self.now - tonumber(string.match(ticket, '^(%d+)'))
+  local f = 'w0'
+  if w <= 5 then f = 'w1'
+  elseif w <= 10 then f = 'w2'
+  elseif w <= 25 then f = 'w3'
+  elseif w <= 50 then f = 'w4'
+  elseif w <= 100 then f = 'w5'
+  elseif w <= 250 then f = 'w6'
+  elseif w <= 500 then f = 'w7'
+  elseif w <= 1000 then f = 'w8'
+  elseif w <= 2500 then f = 'w9'
+  elseif w <= 5000 then f = 'w10'
+  elseif w <= 10000 then f = 'w11'
+  elseif w <= 30000 then f = 'w12'
+  elseif w <= 60000 then f = 'w13'
+  elseif w <= 300000 then f = 'w14'
+  end
+  redis.call('HINCRBY', self.STATS, f, 1)
+  if w > 0 then
+    redis.call('HINCRBY', self.STATS, 'ws', w)
+  end
+end
+
 -- Rate limit, an exact sliding window on the server clock: a grant at time t
 -- is allowed iff fewer than rcount grants happened in (t - rwin, t]. The log
 -- of a resource is the lex range [name\0, name\1) of RLOG (names are
@@ -300,6 +343,7 @@ end
 -- look again at once.
 -- Then leases past their deadline (EXP holds deadlines only).
 function P:reclaim(limit)
+  local before = self.reclaimed
   local picks = redis.call('ZRANGEBYSCORE', self.PICK, '-inf', self.now, 'LIMIT', 0, limit)
   for _, lid in ipairs(picks) do
     local L = self:lease_load(lid)
@@ -330,6 +374,7 @@ function P:reclaim(limit)
       self.reclaimed = self.reclaimed + 1
     end
   end
+  self:note('reclaimed', self.reclaimed - before)
   return math.max(#picks, #due)
 end
 
@@ -364,7 +409,11 @@ function P:maintain(limit)
   local reclaimed, unparked = self:reclaim(limit), self:unpark(limit)
   local nh = math.min(self:first(self.EXP), self:first(self.PARK))
   self.nh, self.nd = nh, math.min(nh, self:first(self.PICK))
-  redis.call('HSET', self.META, 'nd', self.nd, 'nh', self.nh)
+  -- A pool that does not exist (deleted, or never made) stays so: a renew
+  -- or release of a lease of a deleted pool must not make a key.
+  if self.nd < 1e15 or redis.call('EXISTS', self.META) == 1 then
+    redis.call('HSET', self.META, 'nd', self.nd, 'nh', self.nh)
+  end
   return reclaimed, unparked
 end
 
@@ -507,6 +556,7 @@ function P:drop(t)
   end
   self:unhint(t.l)
   self.dropped = self.dropped + 1
+  self:note('dropped', 1)
   return true
 end
 
@@ -568,6 +618,7 @@ function P:grant(t, best, self_lid)
     cid = t.c, pickup = '0', res = name,
   }
   redis.call('ZADD', self.HELD, 0, name .. '\0' .. t.l)
+  self:count_wait(t.id)
   if t.l ~= self_lid then
     L.pickup = '1'
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))

@@ -14,6 +14,8 @@ for i = 2, #ARGV do
   if r then
     n = n + 1
     if force or r.used <= 0 then
+      -- Its live leases (if forced) are revoked: counted, then void.
+      P:note('revoked', r.used)
       P:retire(name, r)
     else
       redis.call('ZREM', P.PARK, name)

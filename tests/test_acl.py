@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import wait_until
 from redis.exceptions import NoPermissionError
 
 from allocator import FairAllocator, acl_key_pattern, load_functions
@@ -23,8 +24,15 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 
 def documented_lines() -> list[str]:
     lines = re.findall(r"^ACL SETUSER .*$", DOC.read_text(encoding="utf-8"), flags=re.M)
-    assert len(lines) == 3, lines
-    return lines
+    assert len(lines) == 5, lines
+    return [line for line in lines if "alloc-monitor" not in line]
+
+
+def monitor_line() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    lines = re.findall(r"^ACL SETUSER alloc-monitor .*$", text, flags=re.M)
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 def script_lines() -> list[str]:
@@ -114,7 +122,7 @@ def test_documented_commands_are_exactly_what_the_scripts_call() -> None:
     for line in documented_lines():
         granted = {w[1:].split("|")[0] for w in line.split() if w.startswith("+")}
         assert called <= granted, called - granted
-        client = {"fcall"} if "+fcall" in line else {"evalsha", "eval"}
+        client = {"fcall", "fcall_ro"} if "+fcall" in line else {"evalsha", "eval"}
         assert granted - called == client | {"blpop", "lpop"}, granted - called
 
 
@@ -135,5 +143,67 @@ def test_the_line_that_may_only_call_the_library(server: RedisServer) -> None:
         user.eval("return 1", 0)
     with pytest.raises(NoPermissionError):
         user.function_load("#!lua name=mine\nredis.register_function('f', function() end)")
+
+
+def test_the_read_only_line(server: RedisServer) -> None:
+    """The monitoring user reads every pool (existing or not) and writes
+    nothing: status, leases, stats and pools work; a writing call is refused."""
+    admin = redis.Redis.from_url(server.url)
+    pool = FairAllocator(admin, "watched")
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5, owner="job-1")
+    pool.acquire(timeout=5, ttl=0.01)  # past its deadline soon: status must not reclaim it
+    wait_until(lambda: pool.status().leased == 1, what="the short lease's deadline")
+    admin.script_flush()  # the monitor's first call meets NOSCRIPT, then runs by EVAL
+    words = monitor_line().split()[2:]
+    words[0] = "monitor"
+    admin.execute_command("ACL", "SETUSER", *[w.replace(">CHANGE-ME", ">pw") for w in words])
+    user = redis.Redis.from_url(server.url, username="monitor", password="pw")
+    seen = FairAllocator(user, "watched")
+    status = seen.status()
+    assert (status.size, status.leased, status.free, status.exists) == (2, 1, 1, True)
+    assert [(i.resource, i.owner) for i in seen.leases()] == [(held.resource, "job-1")]
+    assert seen.stats().grants == 2
+    assert "watched" in FairAllocator.pools(user)
+    missing = FairAllocator(user, "missing")
+    assert (missing.status().size, missing.status().exists) == (0, False)
+    assert missing.leases() == () and missing.stats().grants == 0
+    assert admin.keys("alloc:{missing}:*") == []
+    # Refused inside the script (a ResponseError; NoPermissionError is one).
+    with pytest.raises(redis.ResponseError, match=r"can't run this command|NOPERM"):
+        seen.extend(["c"])
+    with pytest.raises(redis.ResponseError, match=r"can't run this command|NOPERM"):
+        seen.acquire(timeout=1)
+    # Reading wrote nothing: the expired lease is still there for a writer.
+    assert admin.zcard("alloc:{watched}:exp") == 2
+    user.close()
+    admin.close()
+
+
+def test_the_read_only_line_on_functions(server: RedisServer) -> None:
+    """With the library loaded, a user with read-only keys and FCALL_RO only
+    (no EVAL) reads pools; the server keeps it from writing."""
+    needs_functions(server)
+    admin = redis.Redis.from_url(server.url)
+    load_functions(admin)
+    pool = FairAllocator(admin, "watched-fn")
+    pool.extend(["a"])
+    pool.acquire(timeout=5, owner="job-2")
+    text = DOC.read_text(encoding="utf-8")
+    line = re.findall(r"^ACL SETUSER alloc-monitor-fn .*$", text, flags=re.M)[0]
+    words = [w.replace(">CHANGE-ME", ">pw") for w in line.split()[2:]]
+    words[0] = "monitor-fn"
+    admin.execute_command("ACL", "SETUSER", *words)
+    user = redis.Redis.from_url(server.url, username="monitor-fn", password="pw")
+    seen = FairAllocator(user, "watched-fn")
+    assert seen.status().leased == 1
+    assert [i.owner for i in seen.leases()] == ["job-2"]
+    assert seen.stats().grants == 1
+    assert "watched-fn" in FairAllocator.pools(user)
+    assert FairAllocator(user, "missing-fn").status().exists is False
+    with pytest.raises(NoPermissionError):
+        seen.extend(["b"])
+    with pytest.raises(NoPermissionError):
+        user.eval("return 1", 0)
     user.close()
     admin.close()

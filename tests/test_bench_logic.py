@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from allocator._bench_stats import (
+from allocator.cli.bench.stats import (
     GrantSample,
     Row,
     Target,
@@ -386,7 +386,7 @@ def test_format_table_lists_every_row_and_note() -> None:
 
 
 def test_add_arguments_parses_options() -> None:
-    from allocator import _bench
+    from allocator.cli import bench as _bench
 
     parser = argparse.ArgumentParser()
     _bench.add_arguments(parser)
@@ -400,7 +400,7 @@ def test_add_arguments_parses_options() -> None:
 
 
 def test_plans_scale() -> None:
-    from allocator._bench import make_plan
+    from allocator.cli.bench import make_plan
 
     quick, full = make_plan(True), make_plan(False)
     assert quick.handoff_procs == (8,) and quick.throughput_procs == 8

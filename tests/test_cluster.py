@@ -632,6 +632,10 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
         admin.acquire(timeout=0.05)  # cancel, on the way out
     assert admin.status().leased == 1  # status
     admin.gc()  # gc
+    assert [info.resource for info in admin.leases()] == ["r"]  # leases
+    assert admin.stats().grants == 2  # stats
+    admin.quarantine("r", 0.01)  # quarantine
     assert admin.remove(["r"]) == 1  # remove (draining)
     assert waiter.release(got) is True
     assert admin.status().size == 0
+    assert admin.delete() is True  # delete

@@ -24,8 +24,8 @@ from types import ModuleType
 import pytest
 import redis
 
-from allocator import _demo
 from allocator._values import Lease
+from allocator.cli import demo as _demo
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -19,7 +19,15 @@ import redis
 from redis.exceptions import ResponseError
 
 from allocator import FairAllocator
-from allocator._scripts import FUNCTIONS, OPERATIONS, SCRIPTS, _sources, library_text, scripts
+from allocator._scripts import (
+    FUNCTIONS,
+    OPERATIONS,
+    READ_ONLY,
+    SCRIPTS,
+    _sources,
+    library_text,
+    scripts,
+)
 
 pytestmark = pytest.mark.real_redis
 
@@ -50,6 +58,9 @@ def test_the_library_is_the_scripts_with_the_helpers_defined_once() -> None:
     assert text.startswith(f"#!lua name=allocator_{made.version}\n")
     _prelude, bodies = _sources()
     for op in OPERATIONS:
+        if op in READ_ONLY:  # flagged no-writes, called with FCALL_RO
+            assert f"redis.register_function{{function_name = '{op}_{made.version}'," in text
+            continue
         assert f"redis.register_function('{op}_{made.version}'," in text
         assert bodies[op] in text  # each body unchanged
     # The helpers are defined once, at load: outside every function body.

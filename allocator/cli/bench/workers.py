@@ -25,7 +25,7 @@ import attrs
 import redis
 import redis.asyncio
 
-from allocator._bench_stats import GrantSample
+from allocator.cli.bench.stats import GrantSample
 
 __all__ = ["ContendedSpec", "WaitersSpec", "contended_worker", "waiters_helper"]
 

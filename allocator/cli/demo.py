@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import threading
@@ -32,10 +33,20 @@ from typing import TYPE_CHECKING, Any, TextIO
 import attrs
 
 if TYPE_CHECKING:
-    from . import FairAllocator
-    from ._values import Lease, PoolStatus
+    from allocator import FairAllocator
+    from allocator._values import Lease, PoolStatus
 
-__all__ = ["add_arguments", "check", "fifo_violations", "run", "ticket_key"]
+__all__ = ["add_arguments", "check", "fifo_violations", "register", "run", "ticket_key"]
+
+
+def register(commands: Any) -> None:
+    """The ``demo`` subcommand."""
+    demo = commands.add_parser(
+        "demo", help="watch workers share a small pool in arrival order (no server needed)"
+    )
+    add_arguments(demo)
+    demo.set_defaults(run=run)
+
 
 FAKEREDIS_HINT = (
     "the demo runs on an in-process fakeredis by default, but fakeredis is not installed;\n"
@@ -49,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--url",
-        help="Redis URL to run against (default: an in-process fakeredis, no server needed)",
+        help="Redis URL to run against (default: $REDIS_URL if set, else an in-process "
+        "fakeredis: no server needed)",
     )
     where.add_argument(
         "--server",
@@ -83,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; 0 if every check held, 1 if one failed, 2 if it could not start."""
     out: TextIO = sys.stdout
     if args.server:
-        from ._server import RedisServer, find_redis_server
+        from allocator._server import RedisServer, find_redis_server
 
         if find_redis_server() is None:
             print("allocator demo: --server needs redis-server on PATH", file=sys.stderr)
@@ -92,8 +104,11 @@ def run(args: argparse.Namespace) -> int:
             return _run_on(
                 _real_client(server.url), f"private redis-server {server.url}", args, out
             )
-    if args.url:
-        return _run_on(_real_client(args.url), args.url, args, out)
+    url = args.url or os.environ.get("REDIS_URL")
+    if url:
+        from ._common import safe_url
+
+        return _run_on(_real_client(url), safe_url(url), args, out)
     client = _fake_client()
     if client is None:
         print(f"allocator demo: {FAKEREDIS_HINT}", file=sys.stderr)
@@ -243,7 +258,7 @@ def _run_on(client: Any, backend: str, args: argparse.Namespace, out: TextIO) ->
 
 
 def _demo(client: Any, backend: str, args: argparse.Namespace, out: TextIO) -> int:
-    from . import FairAllocator
+    from allocator import FairAllocator
 
     pool_name = args.pool or f"demo-{uuid.uuid4().hex[:8]}"
     pool = FairAllocator(client, pool_name)
@@ -283,7 +298,7 @@ def _drop(client: Any, pool_name: str) -> None:
     The pool has no API for that (its fencing state must outlive its
     resources); this one was private to the run, so it can go.
     """
-    from ._core import Pool
+    from allocator._core import Pool
 
     keys = Pool.create(pool_name, lease_ttl=60.0, bind_ttl=3600.0, prefix="alloc").keys
     client.delete(*(key for key in keys if not key.endswith(":s:")))

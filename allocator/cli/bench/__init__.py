@@ -21,9 +21,11 @@ Scenarios (``--only`` picks some) and the figures they give:
                  7   10,000 asyncio tasks in one process: served in order,
                      on at most 2 waiting connections
 
-The scenarios live in :mod:`allocator._bench_scenarios`, the arithmetic in
-:mod:`allocator._bench_stats` (pure, unit-tested), the worker processes in
-:mod:`allocator._bench_workers`.
+The scenarios live in one module each (:mod:`.uncontended`, :mod:`.contended`,
+:mod:`.large`, :mod:`.waiters`, on :mod:`.base`; :mod:`.scenarios` puts them
+together), the arithmetic in
+:mod:`allocator.cli.bench.stats` (pure, unit-tested), the worker processes in
+:mod:`allocator.cli.bench.workers`.
 
 Exit status of :func:`run`: 0 when every target is met, 1 when one is missed
 or a scenario could not run, 2 when the benchmark could not start at all.
@@ -35,6 +37,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -43,10 +46,21 @@ from typing import Any, TextIO
 import attrs
 import redis
 
-from allocator._bench_scenarios import Bench
-from allocator._bench_stats import format_table
+from allocator.cli._common import safe_url
+from allocator.cli.bench.scenarios import Bench
+from allocator.cli.bench.stats import format_table
 
-__all__ = ["SCENARIOS", "Plan", "Progress", "add_arguments", "make_plan", "run"]
+__all__ = ["SCENARIOS", "Plan", "Progress", "add_arguments", "make_plan", "register", "run"]
+
+
+def register(commands: Any) -> None:
+    """The ``bench`` subcommand."""
+    bench = commands.add_parser(
+        "bench", help="measure latency, fairness and cost against baselines"
+    )
+    add_arguments(bench)
+    bench.set_defaults(run=run)
+
 
 SCENARIOS = ("uncontended", "handoff", "throughput", "large", "waiters")
 
@@ -135,7 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         metavar="URL",
-        help="use this Redis server instead of starting a private redis-server; "
+        help="use this Redis server (default: $REDIS_URL if set) instead of starting a "
+        "private redis-server; "
         "keys go under a fresh prefix and are deleted afterwards. Memory and CPU "
         "figures are only meaningful on an otherwise idle server",
     )
@@ -200,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr, total=_step_count(plan, scenarios))
     started = time.time()
     server = None
-    url: str = args.url
+    url: str = args.url or os.environ.get("REDIS_URL", "")
     if not url:
         from allocator._server import RedisServer
 
@@ -220,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
                 progress=progress,
             )
         except redis.RedisError as exc:
-            print(f"allocator bench: cannot use the server at {url}: {exc}", file=sys.stderr)
+            shown = safe_url(url)
+            print(f"allocator bench: cannot use the server at {shown}: {exc}", file=sys.stderr)
             return 2
         try:
             bench.run(scenarios)

@@ -1,0 +1,173 @@
+"""``allocator extend``, ``remove``, ``quarantine``, ``delete`` and ``gc``:
+steering a pool from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+import attrs
+from redis.exceptions import RedisError
+
+from ._common import CommandError, add_connection, ago, connect, describe, positive_float
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    extend = commands.add_parser(
+        "extend", help="add resources to a pool (or update them: capacity, priority, rate)"
+    )
+    extend.add_argument("pool", help="the pool's name (made if new)")
+    extend.add_argument("resources", nargs="+", metavar="RES", help="resource names")
+    add_connection(extend)
+    extend.add_argument("--capacity", type=int, default=1, help="leases at once (1)")
+    extend.add_argument("--priority", type=float, default=0, help="higher is granted first (0)")
+    extend.add_argument(
+        "--rate", type=_rate, default=None, metavar="COUNT/SECONDS", help="e.g. 10/1.5"
+    )
+    extend.set_defaults(run=_extend)
+
+    remove = commands.add_parser(
+        "remove", help="take resources out (leased ones drain; --force revokes their leases)"
+    )
+    remove.add_argument("pool", help="the pool's name")
+    remove.add_argument("resources", nargs="+", metavar="RES", help="resource names")
+    add_connection(remove)
+    remove.add_argument("--force", action="store_true", help="revoke their leases now")
+    remove.set_defaults(run=_remove)
+
+    quarantine = commands.add_parser(
+        "quarantine", help="keep a resource out of rotation for a while (live leases stay)"
+    )
+    quarantine.add_argument("pool", help="the pool's name")
+    quarantine.add_argument("resource", help="the resource's name")
+    quarantine.add_argument(
+        "--for", dest="seconds", type=positive_float, required=True, metavar="SECONDS"
+    )
+    add_connection(quarantine)
+    quarantine.set_defaults(run=_quarantine)
+
+    delete = commands.add_parser("delete", help="delete a pool and every key it has")
+    delete.add_argument("pool", help="the pool's name")
+    add_connection(delete)
+    delete.add_argument(
+        "--force",
+        action="store_true",
+        help="even with live leases (holders get LeaseLost) or waiters (AcquireTimeout)",
+    )
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    delete.set_defaults(run=_delete)
+
+    gc = commands.add_parser(
+        "gc", help="reclaim expired leases, drop dead waiters (once, or every N s)"
+    )
+    gc.add_argument("pool", help="the pool's name")
+    add_connection(gc)
+    gc.add_argument(
+        "--every",
+        type=positive_float,
+        metavar="SECONDS",
+        help="run periodically until SIGTERM or Ctrl-C (> 0)",
+    )
+    gc.set_defaults(run=_gc)
+
+
+def _rate(text: str) -> tuple[int, float]:
+    count, slash, seconds = text.partition("/")
+    try:
+        pair = (int(count), float(seconds))
+    except ValueError:
+        pair = None
+    if not slash or pair is None:
+        raise argparse.ArgumentTypeError(f"rate must be COUNT/SECONDS, like 10/1.5: {text!r}")
+    return pair
+
+
+def _extend(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        added = conn.pool(args.pool).extend(
+            args.resources, capacity=args.capacity, priority=args.priority, rate=args.rate
+        )
+    finally:
+        conn.close()
+    updated = len(set(args.resources)) - added
+    print(f"pool {args.pool!r}: {added} added, {updated} updated")
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        pool = conn.existing(args.pool)
+        done = pool.remove(args.resources, force=args.force)
+    finally:
+        conn.close()
+    unknown = len(set(args.resources)) - done
+    how = "removed (leases revoked)" if args.force else "removed or draining"
+    print(f"pool {args.pool!r}: {done} {how}" + (f", {unknown} not in the pool" if unknown else ""))
+    return 0
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        pool = conn.existing(args.pool)
+        try:
+            pool.quarantine(args.resource, args.seconds)
+        except KeyError:
+            raise CommandError(f"pool {args.pool!r} has no resource {args.resource!r}") from None
+    finally:
+        conn.close()
+    print(f"pool {args.pool!r}: {args.resource!r} quarantined for {ago(args.seconds)}")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        pool = conn.existing(args.pool)
+        if not args.yes and sys.stdin.isatty():
+            status = pool.status()
+            answer = input(
+                f"delete pool {args.pool!r} on {conn.shown} ({status.size} resources, "
+                f"{status.leased} leased, {status.waiting} waiting)? [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 1
+        pool.delete(force=args.force)
+    finally:
+        conn.close()
+    print(f"pool {args.pool!r} deleted")
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    pool = conn.existing(args.pool) if args.every is None else conn.pool(args.pool)
+    stop = threading.Event()
+    if args.every is not None and threading.current_thread() is threading.main_thread():
+        # A clean stop on SIGTERM/SIGINT: finish the current run, then exit.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    try:
+        while True:
+            try:
+                report = pool.gc()
+            except RedisError as exc:
+                if args.every is None:
+                    raise
+                # A periodic job outlives a server restart: report, try next time.
+                print(f"allocator gc: {describe(exc, conn.shown)}", file=sys.stderr, flush=True)
+            else:
+                print(json.dumps({"pool": args.pool, **attrs.asdict(report)}), flush=True)
+            if args.every is None or stop.wait(args.every):
+                return 0
+    finally:
+        conn.close()

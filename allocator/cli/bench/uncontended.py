@@ -1,0 +1,104 @@
+"""``allocator bench``: the uncontended acquire+release cycle, next to PING."""
+
+from __future__ import annotations
+
+import time
+
+from allocator.cli.bench.base import (
+    BenchBase,
+    _diff,
+    _p,
+    _per_grant,
+    _summary_dict,
+    _us,
+)
+from allocator.cli.bench.stats import (
+    Row,
+    Target,
+    format_value,
+)
+
+__all__ = ["Uncontended"]
+
+
+class Uncontended(BenchBase):
+    """The uncontended acquire+release cycle, next to PING."""
+
+    def uncontended(self) -> None:
+        plan = self.plan
+        self.progress.begin("uncontended acquire+release vs PING")
+        pool = self.pool(self.fresh("uncontended"))
+        pool.extend(["r0"])
+        script = self.client.register_script("return 1")
+        ping: list[int] = []
+        evalsha: list[int] = []
+        acquire: list[int] = []
+        release: list[int] = []
+        cycle: list[int] = []
+        now = time.monotonic_ns
+        warmup = min(200, plan.uncontended_samples // 10)
+        for i in range(warmup + plan.uncontended_samples):
+            # Interleaved sample by sample: whatever the machine does to one
+            # series, it does to the others too.
+            t0 = now()
+            self.client.ping()
+            t1 = now()
+            script()
+            t2 = now()
+            lease = pool.acquire(timeout=10)
+            t3 = now()
+            pool.release(lease)
+            t4 = now()
+            if i >= warmup:
+                ping.append(t1 - t0)
+                evalsha.append(t2 - t1)
+                acquire.append(t3 - t2)
+                release.append(t4 - t3)
+                cycle.append(t4 - t2)
+            if i % 100 == 0:
+                self.progress.update(f"{i}/{warmup + plan.uncontended_samples}")
+        # Server time per script call, from INFO commandstats: what the Lua
+        # itself costs, apart from the round trip.
+        extra = max(1, min(500, plan.uncontended_samples // 4))
+        stats0 = self.command_stats()
+        for _ in range(extra):
+            pool.release(pool.acquire(timeout=10))
+        stats1 = self.command_stats()
+        for _ in range(extra):
+            script()
+        stats2 = self.command_stats()
+        lib_calls, lib_usec = _diff(stats0, stats1).get("evalsha", (0, 0))
+        one_calls, one_usec = _diff(stats1, stats2).get("evalsha", (0, 0))
+        lib_script_us = lib_usec / lib_calls if lib_calls else None
+        one_script_us = one_usec / one_calls if one_calls else None
+        self.details["uncontended"] = {
+            "server_usec_per_library_call": lib_script_us,
+            "library_calls_per_cycle": lib_calls / extra,
+            "server_usec_per_return_1": one_script_us,
+            "server_commands_per_cycle": _per_grant(_diff(stats0, stats1), extra),
+            "ping_ns": _summary_dict(ping),
+            "evalsha_return_1_ns": _summary_dict(evalsha),
+            "acquire_ns": _summary_dict(acquire),
+            "release_ns": _summary_dict(release),
+            "cycle_ns": _summary_dict(cycle),
+        }
+        cycle_p50, ping_p50 = _p(cycle, "p50"), _p(ping, "p50")
+        self.add(
+            Row(
+                "1",
+                "uncontended acquire+release, p50",
+                cycle_p50,
+                "ns",
+                ping_p50,
+                "PING p50",
+                Target("<=", 2.5),
+                note=f"acquire p50 {format_value(_p(acquire, 'p50'), 'ns')}, "
+                f"release p50 {format_value(_p(release, 'p50'), 'ns')}, "
+                f"EVALSHA 'return 1' p50 {format_value(_p(evalsha, 'p50'), 'ns')}; "
+                f"{lib_calls / extra:.2f} script calls per cycle; server time per call "
+                f"{_us(lib_script_us)} (acquire/release) vs {_us(one_script_us)} ('return 1')",
+            )
+        )
+        self.progress.end(
+            f"cycle p50 {format_value(cycle_p50, 'ns')}, PING p50 {format_value(ping_p50, 'ns')}"
+        )

@@ -1,0 +1,302 @@
+"""``allocator pools``, ``allocator status`` and ``allocator watch``: what a
+pool holds, who holds it, who waits, and its counters. Every read here
+writes nothing (a read-only ACL user may run them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from typing import Any
+
+import attrs
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from allocator import LeaseInfo, PoolStats, PoolStatus
+
+from ._common import (
+    CommandError,
+    Connection,
+    add_connection,
+    ago,
+    connect,
+    console,
+    iso,
+    positive_float,
+)
+
+__all__ = ["Snapshot", "register", "render", "snapshot_json"]
+
+
+def register(commands: Any) -> None:
+    pools = commands.add_parser(
+        "pools", help="list the pools on the server: size, free, leased, waiting"
+    )
+    add_connection(pools)
+    pools.add_argument("--json", action="store_true", help="print JSON for scripts")
+    pools.set_defaults(run=_pools)
+
+    status = commands.add_parser(
+        "status", help="one pool: resources, leases (who, how long), queue, counters"
+    )
+    status.add_argument("pool", help="the pool's name")
+    add_connection(status)
+    status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.set_defaults(run=_status)
+
+    watch = commands.add_parser("watch", help="the status view, refreshed until Ctrl-C")
+    watch.add_argument("pool", help="the pool's name")
+    add_connection(watch)
+    watch.add_argument(
+        "--interval", type=positive_float, default=2.0, metavar="S", help="seconds (2)"
+    )
+    watch.add_argument(
+        "--count", type=int, default=None, metavar="N", help="stop after N refreshes"
+    )
+    watch.set_defaults(run=_watch)
+
+
+# -- reading --------------------------------------------------------------------
+
+
+@attrs.frozen
+class Snapshot:
+    """What one look at a pool shows: its status, leases and counters."""
+
+    status: PoolStatus
+    leases: tuple[LeaseInfo, ...]
+    stats: PoolStats
+    where: str
+
+
+def take(conn: Connection, name: str) -> Snapshot:
+    pool = conn.pool(name)
+    status = pool.status()
+    if not status.exists:
+        raise CommandError(f"no pool named {name!r} (prefix {conn.prefix!r}) on {conn.shown}")
+    return Snapshot(status, pool.leases(), pool.stats(), conn.shown)
+
+
+# -- pools ------------------------------------------------------------------------
+
+
+def _pools(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        rows: list[dict[str, Any]] = []
+        for name in conn.pools():
+            st = conn.pool(name).status()
+            rows.append(
+                {
+                    "pool": name,
+                    "size": st.size,
+                    "free": st.free,
+                    "leased": st.leased,
+                    "waiting": st.waiting,
+                    "oldest_wait_seconds": st.oldest_wait,
+                }
+            )
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    out = console()
+    if not rows:
+        out.print(f"no pools under prefix {conn.prefix!r} on {conn.shown}")
+        return 0
+    table = Table(title=f"pools on {conn.shown} (prefix {conn.prefix!r})", title_justify="left")
+    for column in ("pool", "size", "free", "leased", "waiting", "oldest wait"):
+        table.add_column(column, justify="left" if column == "pool" else "right")
+    for row in rows:
+        table.add_row(
+            row["pool"],
+            str(row["size"]),
+            str(row["free"]),
+            str(row["leased"]),
+            str(row["waiting"]),
+            ago(row["oldest_wait_seconds"]) if row["waiting"] else "-",
+        )
+    out.print(table)
+    return 0
+
+
+# -- status ------------------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        snap = take(conn, args.pool)
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps(snapshot_json(snap), indent=2))
+    else:
+        console().print(render(snap))
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    stop = threading.Event()
+    count = 0
+    try:
+        snap = take(conn, args.pool)
+        if sys.stdout.isatty():
+            with Live(render(snap), console=console(), auto_refresh=False, screen=False) as live:
+                while True:
+                    count += 1
+                    if args.count is not None and count >= args.count:
+                        return 0
+                    stop.wait(args.interval)
+                    live.update(render(take(conn, args.pool)), refresh=True)
+        # Not a terminal: one snapshot per interval, one after the other.
+        plain = console()
+        while True:
+            plain.print(render(snap))
+            print(flush=True)
+            count += 1
+            if args.count is not None and count >= args.count:
+                return 0
+            stop.wait(args.interval)
+            snap = take(conn, args.pool)
+    finally:
+        conn.close()
+
+
+_STATE_STYLE = {"free": "green", "leased": "yellow", "quarantined": "red", "draining": "magenta"}
+
+
+def render(snap: Snapshot) -> Group:
+    """The human view of a snapshot: a heading, resources, leases, counters."""
+    st, now = snap.status, snap.status.server_time
+    head = Text()
+    head.append(f"pool {st.name!r}", style="bold")
+    head.append(
+        f" on {snap.where}: {st.size} resources, {st.free} free, {st.leased} leased, "
+        f"{st.waiting} waiting"
+    )
+    if st.waiting:
+        head.append(f" (oldest for {ago(st.oldest_wait)})")
+    head.append(f"   server time {iso(now)}", style="dim")
+
+    resources = Table(title="resources", title_justify="left", expand=False)
+    for column in ("resource", "state", "leases", "capacity", "priority", "rate", "until"):
+        resources.add_column(
+            column, justify="right" if column in ("leases", "capacity") else "left"
+        )
+    for row in st.resources:
+        rate = f"{row.rate[0]} / {_num(row.rate[1])} s" if row.rate else "-"
+        until = "-"
+        if row.until is not None:
+            until = f"in {ago(row.until - now)}" + (" (rate)" if row.throttled else "")
+        resources.add_row(
+            row.name,
+            Text(row.state, style=_STATE_STYLE.get(row.state, "")),
+            str(row.leases),
+            str(row.capacity),
+            _num(row.priority),
+            rate,
+            until,
+        )
+
+    leases = Table(title="leases", title_justify="left", expand=False)
+    for column in ("resource", "owner", "token", "held for", "expires in"):
+        leases.add_column(column)
+    for info in snap.leases:
+        leases.add_row(
+            info.resource,
+            info.owner,
+            str(info.token),
+            ago(now - info.granted_at),
+            ago(info.expires_at - now),
+        )
+    if not snap.leases:
+        leases.add_row("-", "nobody holds a lease", "", "", "")
+
+    s = snap.stats
+    waits = "-"
+    if s.grants:
+        waits = (
+            f"mean {ago(s.wait_seconds_sum / s.grants)}, p50 {_quantile(s, 0.5)}, "
+            f"p99 {_quantile(s, 0.99)}"
+        )
+    counters = Text(
+        f"since created: {s.grants} grants, {s.timeouts} timeouts, {s.reclaimed} reclaimed, "
+        f"{s.revoked} revoked, {s.dropped_waiters} dropped waiters; wait {waits}",
+        style="dim",
+    )
+    return Group(head, resources, leases, counters)
+
+
+def _quantile(stats: PoolStats, q: float) -> str:
+    """The bucket bound under which a share ``q`` of the waits fell."""
+    want = q * stats.grants
+    for bound, count in stats.wait_seconds:
+        if count >= want:
+            return "> 300 s" if bound == float("inf") else f"<= {ago(bound)}"
+    return "-"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """The same facts as :func:`render`, for scripts: seconds, and ISO times."""
+    st, now = snap.status, snap.status.server_time
+    return {
+        "pool": st.name,
+        "server_time": now,
+        "server_time_iso": iso(now),
+        "size": st.size,
+        "free": st.free,
+        "leased": st.leased,
+        "waiting": st.waiting,
+        "oldest_wait_seconds": st.oldest_wait,
+        "resources": [
+            {
+                "name": r.name,
+                "state": r.state,
+                "capacity": r.capacity,
+                "leases": r.leases,
+                "priority": r.priority,
+                "rate": None if r.rate is None else {"count": r.rate[0], "seconds": r.rate[1]},
+                "quarantined_until": r.until,
+                "quarantined_until_iso": None if r.until is None else iso(r.until),
+                "throttled": r.throttled,
+            }
+            for r in st.resources
+        ],
+        "leases": [
+            {
+                "resource": i.resource,
+                "owner": i.owner,
+                "token": i.token,
+                "granted_at": i.granted_at,
+                "granted_at_iso": iso(i.granted_at),
+                "expires_at": i.expires_at,
+                "expires_at_iso": iso(i.expires_at),
+                "held_seconds": round(now - i.granted_at, 3),
+                "expires_in_seconds": round(i.expires_at - now, 3),
+            }
+            for i in snap.leases
+        ],
+        "stats": {
+            "grants": snap.stats.grants,
+            "timeouts": snap.stats.timeouts,
+            "reclaimed": snap.stats.reclaimed,
+            "revoked": snap.stats.revoked,
+            "dropped_waiters": snap.stats.dropped_waiters,
+            "wait_seconds_sum": snap.stats.wait_seconds_sum,
+            "wait_seconds": [
+                {"le": "+Inf" if b == float("inf") else b, "count": c}
+                for b, c in snap.stats.wait_seconds
+            ],
+        },
+    }

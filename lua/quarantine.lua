@@ -1,0 +1,28 @@
+-- quarantine: take a resource out of rotation for a while without holding a
+-- lease (an operator's "this proxy is broken"). Its live leases stay valid;
+-- it gets no new grant until the time ends, when whoever runs a script next
+-- brings it back (P:unpark) and the queue is served. A longer quarantine or
+-- throttle already running is kept; a draining resource stays draining (it
+-- must never come back into rotation by this).
+--
+-- ARGV: name, ms
+-- Reply: {'quarantined', until_ms} | {'draining'} | {'unknown'}
+local name, ms = ARGV[1], tonumber(ARGV[2])
+
+P:maintain()
+local r = P:res_load(name)
+if not r then
+  return {'unknown'}
+end
+if r.state == 'd' then
+  return {'draining'}
+end
+local untl = P.now + ms
+if r.state == 'q' or r.state == 't' then
+  untl = math.max(untl, tonumber(r.untl))
+end
+P:park(name, r, 'q', untl)
+P:place(name, r, false)
+P:res_save(name, r)
+P:dispatch(nil)
+return {'quarantined', untl}

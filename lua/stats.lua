@@ -1,0 +1,14 @@
+-- stats: the pool's counters, read only (see status.lua). They are kept in
+-- STATS by the scripts that change what they count: grants (one wait
+-- histogram bucket field `w<i>` per grant, `ws` the sum of waits in ms),
+-- `timeouts` (cancel.lua), `reclaimed` (P:reclaim, gc.lua), `revoked`
+-- (remove.lua), `dropped` (P:drop).
+--
+-- ARGV: none
+-- Reply: {'stats', now_us, field1, value1, field2, value2, ...}
+local out = {'stats', P.now_s}
+local fields = redis.call('HGETALL', P.STATS)
+for i = 1, #fields do
+  out[#out + 1] = fields[i]
+end
+return out

@@ -1,0 +1,453 @@
+"""The ``allocator`` command, in-process (``main(argv) -> int``) against a
+real server, a Redis Cluster, a read-only user, a server that is down, a
+refused password; the metrics endpoint scraped over HTTP; a closed pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helpers import Background, wait_until
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from allocator import FairAllocator
+from allocator.cli import main
+from allocator.metrics import AllocatorCollector
+
+pytestmark = pytest.mark.real_redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """REDIS_URL and ALLOCATOR_PREFIX set for the commands; a fresh prefix."""
+    prefix = f"cli{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("ALLOCATOR_PREFIX", prefix)
+    yield redis_url, prefix
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def no_traceback(err: str) -> None:
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_version_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.startswith("allocator 0.")
+    code, _, err = run(capsys)
+    assert code == 2 and "usage" in err
+    code, _, err = run(capsys, "gc", "p", "--every", "0")
+    assert code == 2 and "> 0" in err
+
+
+def test_without_the_extra_one_line_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "rich" else real(name, *a)
+    )
+    code, out, err = run(capsys, "status", "x")
+    assert code == 1 and out == ""
+    no_traceback(err)
+    assert "redis-fair-allocator[cli]" in err
+
+
+def test_extend_status_pools_and_json(
+    env: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, prefix = env
+    code, out, _ = run(capsys, "extend", "web", "p1", "p2", "--capacity", "2", "--rate", "5/1")
+    assert code == 0 and "2 added" in out
+    pool = FairAllocator(redis.Redis.from_url(url), "web", prefix=prefix)
+    held = pool.acquire(timeout=5, owner="crawler-7")
+    code, out, _ = run(capsys, "status", "web")
+    assert code == 0
+    assert "crawler-7" in out and "p1" in out and "5 / 1 s" in out
+    assert "grants" in out and "expires in" in out
+    code, out, _ = run(capsys, "status", "web", "--json")
+    data = json.loads(out)
+    assert data["size"] == 2 and data["leased"] == 1
+    assert data["leases"][0]["owner"] == "crawler-7"
+    assert data["leases"][0]["token"] == held.token
+    assert data["leases"][0]["expires_at_iso"].endswith("+00:00")
+    assert data["stats"]["grants"] == 1
+    assert data["resources"][0]["rate"] == {"count": 5, "seconds": 1.0}
+    code, out, _ = run(capsys, "pools", "--json")
+    assert code == 0
+    assert json.loads(out) == [
+        {"pool": "web", "size": 2, "free": 2, "leased": 1, "waiting": 0, "oldest_wait_seconds": 0}
+    ]
+    code, out, _ = run(capsys, "pools")
+    assert "web" in out and "oldest wait" in out
+
+
+def test_unknown_pool_is_one_line_exit_1_and_creates_nothing(
+    env: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, prefix = env
+    for argv in (
+        ("status", "nope"),
+        ("watch", "nope", "--count", "1"),
+        ("remove", "nope", "r"),
+        ("quarantine", "nope", "r", "--for", "5"),
+        ("delete", "nope", "--yes"),
+        ("gc", "nope"),
+        ("metrics", "nope", "--port", "0"),
+    ):
+        code, _, err = run(capsys, *argv)
+        assert code == 1, argv
+        no_traceback(err)
+        assert "no pool named 'nope'" in err
+    assert redis.Redis.from_url(url).keys(f"{prefix}:*") == []
+
+
+def test_server_down_wrong_url_and_refused_password(
+    env: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = env
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    down = f"redis://:hunter2@127.0.0.1:{port}/0"
+    for command in ("status", "pools", "gc", "extend"):
+        argv = [command, "--url", down] + ([] if command == "pools" else ["p"])
+        if command == "extend":
+            argv.append("r")
+        code, _, err = run(capsys, *argv)
+        assert code == 1
+        no_traceback(err)
+        assert "cannot reach Redis" in err and "hunter2" not in err and ":***@" in err
+    code, _, err = run(capsys, "status", "p", "--url", "http://example.com")
+    assert code == 1 and "bad --url" in err
+    no_traceback(err)
+    admin = redis.Redis.from_url(url)
+    user = f"u{uuid.uuid4().hex[:8]}"
+    admin.execute_command("ACL", "SETUSER", user, "on", ">right", "~*", "+@all")
+    host_port = url.split("//", 1)[1].split("/", 1)[0].split("@")[-1]
+    code, _, err = run(capsys, "status", "p", "--url", f"redis://{user}:wrong@{host_port}/0")
+    assert code == 1
+    no_traceback(err)
+    assert "refused the login" in err and "wrong" not in err.split("refused")[0]
+    admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_steering_commands(env: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "steer", prefix=prefix)
+    assert run(capsys, "extend", "steer", "a", "b", "c")[0] == 0
+    held = pool.acquire(timeout=5)
+    code, out, _ = run(capsys, "quarantine", "steer", "b", "--for", "60")
+    assert code == 0 and "quarantined" in out
+    assert {r.name: r.state for r in pool.status().resources}["b"] == "quarantined"
+    code, _, err = run(capsys, "quarantine", "steer", "zz", "--for", "60")
+    assert code == 1 and "no resource 'zz'" in err
+    code, out, _ = run(capsys, "remove", "steer", "c", "zz")
+    assert code == 0 and "1 removed" in out and "1 not in the pool" in out
+    code, out, _ = run(capsys, "gc", "steer")
+    assert code == 0 and json.loads(out)["pool"] == "steer"
+    # In use: refused without --force, one line.
+    code, _, err = run(capsys, "delete", "steer", "--yes")
+    assert code == 1 and "in use" in err
+    no_traceback(err)
+    code, out, _ = run(capsys, "delete", "steer", "--yes", "--force")
+    assert code == 0 and "deleted" in out
+    assert pool.release(held) is False
+    assert FairAllocator.pools(redis.Redis.from_url(url), prefix=prefix) == []
+
+
+def test_watch_prints_one_snapshot_per_interval_off_a_terminal(
+    env: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, "extend", "w", "r")
+    code, out, _ = run(capsys, "watch", "w", "--interval", "0.01", "--count", "3")
+    assert code == 0
+    assert out.count("pool 'w' on") == 3
+
+
+def test_read_only_user_sees_everything(
+    env: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, prefix = env
+    admin = redis.Redis.from_url(url)
+    FairAllocator(admin, "ro", prefix=prefix).extend(["r"])
+    doc = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    line = next(x for x in doc.splitlines() if x.startswith("ACL SETUSER alloc-monitor "))
+    user = f"mon{uuid.uuid4().hex[:6]}"
+    words = [w.replace(">CHANGE-ME", ">pw") for w in line.split()[2:]]
+    words[0] = user
+    words = [f"~{prefix}:*" if w == "~alloc:*" else w for w in words]
+    admin.execute_command("ACL", "SETUSER", *words)
+    host_port = url.split("//", 1)[1].split("/", 1)[0].split("@")[-1]
+    as_monitor = f"redis://{user}:pw@{host_port}/0"
+    for argv in (("status", "ro"), ("pools",), ("watch", "ro", "--count", "1")):
+        code, out, err = run(capsys, *argv, "--url", as_monitor)
+        assert code == 0, err
+        assert "pw@" not in out + err
+    code, _, err = run(capsys, "extend", "ro", "x", "--url", as_monitor)
+    assert code == 1
+    no_traceback(err)
+    admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_closed_pipe_ends_quietly(env: tuple[str, str]) -> None:
+    url, prefix = env
+    FairAllocator(redis.Redis.from_url(url), "big", prefix=prefix).extend(
+        [f"resource-{i:05d}" for i in range(3000)]
+    )
+    with subprocess.Popen(
+        [sys.executable, "-m", "allocator", "status", "big"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "REDIS_URL": url, "ALLOCATOR_PREFIX": prefix},
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert b"pool 'big'" in proc.stdout.readline()
+        proc.stdout.close()  # `| head -1`
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0
+    assert err == ""
+
+
+# -- metrics -----------------------------------------------------------------
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def load(pool: FairAllocator) -> None:
+    """Grants, a timeout and a waiter: something for every metric."""
+    held = pool.acquire(timeout=5, owner="metrics-test")
+    waiter = Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="a waiter")
+    pool.release(held)
+    pool.release(waiter.join())
+    held = pool.acquire(timeout=5)
+    with pytest.raises(TimeoutError):
+        pool.acquire(timeout=0.01)
+    Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="a second waiter")
+
+
+def test_collector_in_process(env: tuple[str, str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "m", prefix=prefix)
+    pool.extend(["r"])
+    load(pool)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AllocatorCollector([pool]))
+    values = scrape(generate_latest(registry).decode())
+    p = (("pool", "m"),)
+    assert values[("allocator_leases", p)] == 1
+    assert values[("allocator_waiting", p)] == 1
+    assert values[("allocator_grants_total", p)] == 3
+    assert values[("allocator_timeouts_total", p)] == 1
+    assert values[("allocator_wait_seconds_count", p)] == 3
+    assert values[("allocator_wait_seconds_bucket", (("le", "+Inf"), ("pool", "m")))] == 3
+    assert values[("allocator_resources", (("pool", "m"), ("state", "leased")))] == 1
+    assert values[("allocator_oldest_wait_seconds", p)] >= 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_endpoint_is_scraped_over_http(env: tuple[str, str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "served", prefix=prefix)
+    pool.extend(["r", "s"])
+    pool.quarantine("s", 60)
+    load(pool)
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "-m", "allocator", "metrics", "--all", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "REDIS_URL": url, "ALLOCATOR_PREFIX": prefix},
+    ) as proc:
+        try:
+            served(proc, url, prefix, port)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+def served(proc: Any, url: str, prefix: str, port: int) -> None:
+    """Scrape the running ``allocator metrics --all`` twice."""
+    assert b"serving http://" in proc.stderr.readline()
+    values = scrape(get(f"http://127.0.0.1:{port}/metrics"))
+    p = (("pool", "served"),)
+    assert values[("allocator_grants_total", p)] == 3
+    assert values[("allocator_resources", (("pool", "served"), ("state", "quarantined")))] == 1
+    assert values[("allocator_waiting", p)] == 1
+    # --all reads the pools again at each scrape: a new one shows up.
+    FairAllocator(redis.Redis.from_url(url), "later", prefix=prefix).extend(["x"])
+    values = scrape(get(f"http://127.0.0.1:{port}/metrics"))
+    assert ("allocator_leases", (("pool", "later"),)) in values
+
+
+def get(address: str) -> str:
+    with urllib.request.urlopen(address, timeout=10) as reply:
+        return str(reply.read().decode())
+
+
+# -- a Redis Cluster ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server on PATH")
+    from _cluster import LocalCluster
+
+    with LocalCluster(masters=3) as made:
+        yield f"redis://127.0.0.1:{made.nodes[0].port}/0"
+
+
+def test_commands_against_a_cluster(
+    cluster_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", cluster_url)
+    monkeypatch.setenv("ALLOCATOR_PREFIX", "clu")
+    names = [f"pool-{i}" for i in range(6)]  # spread over the masters
+    for name in names:
+        assert run(capsys, "extend", name, "r1", "r2")[0] == 0
+    code, out, err = run(capsys, "pools", "--json")
+    assert code == 0, err
+    assert [row["pool"] for row in json.loads(out)] == names
+    code, out, err = run(capsys, "status", "pool-3", "--json")
+    assert code == 0 and json.loads(out)["size"] == 2
+    assert run(capsys, "quarantine", "pool-3", "r1", "--for", "30")[0] == 0
+    assert run(capsys, "gc", "pool-4")[0] == 0
+    assert run(capsys, "delete", "pool-5", "--yes")[0] == 0
+    code, out, _ = run(capsys, "pools")
+    assert "pool-5" not in out and "pool-4" in out
+
+
+def test_the_grafana_dashboard_uses_only_exported_metrics(env: tuple[str, str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "g", prefix=prefix)
+    pool.extend(["r"])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AllocatorCollector([pool]))
+    exported = {name for name, _ in scrape(generate_latest(registry).decode())}
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"allocator_[a-z_]+", target["expr"])
+    }
+    assert used and used <= exported, used - exported
+    documented = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    families = {re.sub("_(total|bucket|count|sum)$", "", name) for name in exported}
+    assert all(f"`{name}" in documented for name in families), families
+
+
+def test_the_library_imports_without_the_tools_and_never_imports_them() -> None:
+    code = (
+        "import sys\n"
+        "for name in ('rich', 'prometheus_client', 'fakeredis'):\n"
+        "    sys.modules[name] = None\n"
+        "import allocator, allocator.metrics\n"
+        "assert not any(m.startswith('allocator.cli') for m in sys.modules), sorted(sys.modules)\n"
+        "from allocator.cli import main\n"
+        "sys.exit(main(['pools']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == (
+        "allocator: the command line needs the 'cli' extra (rich, prometheus-client, "
+        "fakeredis): pip install 'redis-fair-allocator[cli]'"
+    )
+    # The library below never imports the tools above it (__main__ only
+    # hands `python -m allocator` over to them).
+    library = [p for p in (ROOT / "allocator").glob("*.py") if p.name != "__main__.py"]
+    texts = {p.name: p.read_text(encoding="utf-8") for p in library}
+    assert texts and not [n for n, t in texts.items() if "allocator.cli" in t or ".cli " in t]
+
+
+def test_watch_on_a_terminal_refreshes_in_place(env: tuple[str, str]) -> None:
+    import pty
+
+    url, prefix = env
+    FairAllocator(redis.Redis.from_url(url), "tty", prefix=prefix).extend(["r"])
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "allocator", "watch", "tty", "--interval", "0.05", "--count", "3"],
+        stdout=follower,
+        stderr=follower,
+        env={**os.environ, "REDIS_URL": url, "ALLOCATOR_PREFIX": prefix, "COLUMNS": "120"},
+    ) as proc:
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert proc.wait(timeout=60) == 0
+    os.close(leader)
+    text = seen.decode(errors="replace")
+    assert "pool 'tty'" in text and "Traceback" not in text
+    # Drawn in place: the cursor goes back up over the view between refreshes.
+    assert "\x1b[" in text
+
+
+def test_demo_reads_redis_url_and_never_prints_its_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("REDIS_URL", f"redis://:hunter2@127.0.0.1:{port}/0")
+    code, out, err = run(capsys, "demo", "--quiet")
+    assert code == 2
+    assert "cannot reach" in err and ":***@" in err
+    assert "hunter2" not in out + err
+
+
+def test_human_durations() -> None:
+    from allocator.cli._common import ago, safe_url
+
+    assert [ago(x) for x in (0.005, 0.4, 2.44, 12.4, 150, 7500, 3 * 86400)] == [
+        "5 ms", "400 ms", "2.4 s", "12 s", "2 min", "2 h 5 min", "3 d",
+    ]  # fmt: skip
+    assert ago(-30) == "-30 s"
+    assert safe_url("redis://u:secret@h:6379/0") == "redis://u:***@h:6379/0"
+    assert safe_url("unix:///run/r.sock?password=secret&db=2") == (
+        "unix:///run/r.sock?password=***&db=2"
+    )

@@ -1,0 +1,217 @@
+"""CONTRACT.md section 8, seeing and steering a pool, in every flavour:
+owner, leases(), stats(), quarantine(), delete(), pools(), oldest_wait, and
+reads that write nothing."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import uuid
+from typing import Any
+
+import pytest
+from helpers import Background, wait_until
+
+from allocator import (
+    AcquireTimeout,
+    AllocatorError,
+    LeaseInfo,
+    LeaseLost,
+    PoolStats,
+    UnknownResource,
+)
+from allocator._core import WAIT_BOUNDS, pool_names, pools_pattern
+
+
+def keys_of(raw: Any, pool: Any) -> list[str]:
+    return sorted(raw.keys(f"alloc:{{{pool.name}}}:*"))
+
+
+def test_owner_is_shown_by_leases_and_defaults_to_host_and_pid(pool: Any) -> None:
+    pool.extend(["a", "b", "c"])
+    mine = pool.acquire(timeout=5, owner="crawler-7")
+    default = pool.acquire(timeout=5)
+    with pool.lease(timeout=5, owner="with | pipes") as third:
+        infos = pool.leases()
+        assert all(isinstance(info, LeaseInfo) for info in infos)
+        by_resource = {info.resource: info for info in infos}
+        assert by_resource[mine.resource].owner == "crawler-7"
+        assert by_resource[default.resource].owner == f"{socket.gethostname()}:{os.getpid()}"
+        assert by_resource[third.resource].owner == "with | pipes"
+        info = by_resource[mine.resource]
+        assert (info.token, info.granted_at, info.expires_at) == (
+            mine.token,
+            pytest.approx(mine.granted_at, abs=1e-6),
+            pytest.approx(mine.expires_at, abs=1e-3),
+        )
+        # Never the lease id: it is the secret that gives power over a lease.
+        assert not hasattr(info, "id") and mine.id not in repr(infos)
+    assert {i.resource for i in pool.leases()} == {mine.resource, default.resource}
+    pool.release(mine)
+    pool.release(default)
+    assert pool.leases() == ()
+
+
+@pytest.mark.parametrize("owner", ["", "x" * 201, "tab\there"])
+def test_bad_owner_is_refused_before_any_io(pool: Any, raw: Any, owner: str) -> None:
+    with pytest.raises(ValueError, match="owner"):
+        pool.acquire(timeout=1, owner=owner)
+    with pytest.raises(TypeError, match="owner"):
+        pool.acquire(timeout=1, owner=7)
+    assert keys_of(raw, pool) == []
+
+
+def test_stats_count_grants_timeouts_revocations_and_waits(pool: Any) -> None:
+    first = pool.stats()
+    assert first == PoolStats(
+        name=pool.name,
+        wait_seconds=tuple((b, 0) for b in (*WAIT_BOUNDS, math.inf)),
+        server_time=first.server_time,
+    )
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    with pytest.raises(AcquireTimeout):
+        pool.acquire(timeout=0.05)
+    waiter = Background(lambda: pool.acquire(timeout=10))
+    wait_until(lambda: pool.status().waiting == 1, what="a waiter")
+    assert pool.release(held)
+    second = waiter.join()
+    assert pool.remove(["r"], force=True) == 1
+    with pytest.raises(LeaseLost):
+        pool.renew(second)
+    stats = pool.stats()
+    assert (stats.grants, stats.timeouts, stats.revoked) == (2, 1, 1)
+    assert stats.wait_seconds[-1] == (math.inf, 2)
+    counts = [count for _, count in stats.wait_seconds]
+    assert counts == sorted(counts)  # cumulative
+    # The first grant waited for nothing; the second for the waiter's wait.
+    assert stats.wait_seconds[0][1] >= 1
+    assert 0 <= stats.wait_seconds_sum < 60
+
+
+def test_reclaimed_counts_an_expired_lease(pool: Any) -> None:
+    pool.extend(["r"])
+    pool.acquire(timeout=5, ttl=0.05)
+    wait_until(lambda: pool.status().leased == 0, what="the deadline")
+    assert pool.gc().reclaimed == 1
+    assert pool.stats().reclaimed == 1
+
+
+def test_quarantine_takes_a_resource_out_without_a_lease(pool: Any) -> None:
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5)
+    other = "b" if held.resource == "a" else "a"
+    pool.quarantine(held.resource, 30)
+    pool.quarantine(other, 30)
+    status = pool.status()
+    assert {r.state for r in status.resources} == {"quarantined"}
+    assert status.free == 0 and status.leased == 1
+    assert all(r.until and r.until > status.server_time + 20 for r in status.resources)
+    assert pool.acquire(blocking=False) is None
+    # The live lease stays valid.
+    held = pool.renew(held)
+    assert pool.release(held)
+    assert pool.acquire(blocking=False) is None
+    with pytest.raises(UnknownResource):
+        pool.quarantine("nope", 1)
+    with pytest.raises(ValueError, match="seconds"):
+        pool.quarantine("a", 0)
+    # A short quarantine ends by itself and the resource is granted again.
+    pool.extend(["c"])
+    pool.quarantine("c", 0.05)
+    assert pool.acquire(timeout=10).resource == "c"
+
+
+def test_quarantine_keeps_a_draining_resource_draining(pool: Any) -> None:
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    pool.remove(["r"])
+    pool.quarantine("r", 0.01)
+    assert pool.status().resources[0].state == "draining"
+    pool.release(held)
+    assert pool.status().size == 0
+
+
+def test_delete(pool: Any, raw: Any) -> None:
+    assert pool.delete() is False
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    with pytest.raises(AllocatorError, match="in use"):
+        pool.delete()
+    assert pool.status().leased == 1
+    waiter = Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="a waiter")
+    assert pool.delete(force=True) is True
+    # The waiter is turned away at once, not left to wait its 30 s; the
+    # holder finds its lease gone.
+    with pytest.raises(AcquireTimeout):
+        waiter.join()
+    with pytest.raises(LeaseLost):
+        pool.renew(held)
+    assert pool.release(held) is False
+    wait_until(lambda: keys_of(raw, pool) == [], what="no key left")
+    assert pool.delete() is False
+
+
+def test_pools_lists_names_under_the_prefix_sorted(factory: Any) -> None:
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+    names = ["b", "a", "with {braces} and %7B", "star*"]
+    for name in names:
+        factory.pool(name, prefix=prefix).extend(["r"])
+    factory.pool("elsewhere", prefix=prefix + "x").extend(["r"])
+    pool = factory.pool("a", prefix=prefix)
+    assert pool.pools(pool.client, prefix=prefix) == sorted(names)
+    assert pool.pools(pool.client, prefix=prefix + "-none") == []
+    pool.delete()
+    assert "a" not in pool.pools(pool.client, prefix=prefix)
+
+
+def test_pool_name_parsing_round_trips() -> None:
+    pattern = pools_pattern("a*b")
+    assert pattern == "a\\*b:{*}:*"
+    keys = [b"x:{%25%7Bn%7D}:meta", "x:{plain}:q", "x:{plain}:res", "x:{bad}:s:cid", "y:{z}:meta"]
+    assert pool_names(keys, "x") == ["%{n}", "plain"]
+
+
+def test_oldest_wait_and_reads_of_a_missing_pool_write_nothing(pool: Any, raw: Any) -> None:
+    status = pool.status()
+    assert (status.size, status.waiting, status.oldest_wait, status.exists) == (0, 0, 0.0, False)
+    assert pool.leases() == ()
+    assert pool.stats().grants == 0
+    assert keys_of(raw, pool) == []
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    assert pool.status().oldest_wait == 0.0
+    waiter = Background(lambda: pool.acquire(timeout=10))
+    wait_until(lambda: pool.status().oldest_wait > 0.05, what="a wait of 50 ms")
+    assert pool.status().exists
+    pool.release(held)
+    pool.release(waiter.join())
+
+
+def test_status_counts_a_lease_past_its_deadline_as_ended_without_writing(
+    pool: Any, raw: Any
+) -> None:
+    pool.extend(["r"])
+    pool.acquire(timeout=5, ttl=0.05)
+    wait_until(lambda: pool.status().leased == 0, what="the deadline")
+    before = {key: raw.dump(key) for key in keys_of(raw, pool)}
+    status = pool.status()
+    assert (status.free, status.resources[0].state) == (1, "free")
+    assert pool.leases() == ()
+    assert {key: raw.dump(key) for key in keys_of(raw, pool)} == before
+
+
+def test_the_scripts_use_the_same_wait_buckets_as_python() -> None:
+    import re
+    from pathlib import Path
+
+    prelude = (Path(__file__).resolve().parent.parent / "lua" / "prelude.lua").read_text()
+    body = prelude[prelude.index("function P:count_wait") :]
+    body = body[: body.index("\nend\n")]
+    pairs = re.findall(r"w <= (\d+) then f = 'w(\d+)'", body)
+    by_field = {int(field): int(ms) for ms, field in pairs}
+    assert [by_field[i] for i in range(1, len(WAIT_BOUNDS) + 1)] == [
+        round(b * 1000) for b in WAIT_BOUNDS
+    ]
