@@ -117,6 +117,12 @@ OUTAGE_WARNING = 10.0
 
 #: The liveness mark a refresh sets, in ms (see ALIVE).
 ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
+#: How long a reader with nobody left waiting keeps retrying the
+#: acknowledgements it could not send: past the liveness mark and one
+#: pick-up check (PICKUP_MS in prelude.lua), the server has taken back every
+#: grant that was not acknowledged, so the acknowledgement no longer matters
+#: and the reader ends instead of retrying a gone server for ever.
+ACK_GIVE_UP = ALIVE_MS / 1000 + 2.0
 
 MAX_NAME = 200
 MAX_RESOURCE = 1024
@@ -1407,6 +1413,7 @@ class Hub:
         self.trouble: BaseException | None = None
         self._retrier = Retrier("waiting-list reader")
         self._refusals = 0
+        self._failing_since: float | None = None
 
     # -- waiters ------------------------------------------------------------
 
@@ -1493,6 +1500,14 @@ class Hub:
         its own call raises the error at once, and the reader backs off
         until they have left or the error has passed."""
         self.trouble = error
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if not self._waiters and now - self._failing_since > ACK_GIVE_UP:
+            # Only acknowledgements left, and too late to matter: stop.
+            for served in self._served.values():
+                served.acks.clear()
+            return 0.0, []
         delay = self._retrier.next_delay(error)
         if delay is not None:
             return delay, []
@@ -1506,6 +1521,7 @@ class Hub:
         if self.trouble is not None:
             self.trouble = None
             self._refusals = 0
+            self._failing_since = None
             self._retrier.succeeded()
 
     def plan(self) -> tuple[list[tuple[str, list[str]]], list[str]]:
