@@ -11,7 +11,7 @@ from ._core import acl_key_pattern
 from ._scripts import load_functions
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
-from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
+from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
 
 __version__ = "0.1.0"
 
@@ -24,6 +24,7 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "LeaseLost",
+    "NotReplicated",
     "PoolStats",
     "PoolStatus",
     "ResourceStatus",

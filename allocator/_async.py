@@ -20,7 +20,9 @@ from typing import (
     overload,
 )
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
 from ._core import Call, Command, Flow, Pool, Step, Wait
@@ -48,9 +50,10 @@ async def _step(
     """Same as the sync shell's ``_step``, awaitable."""
     if isinstance(step, Call):
         with no_client_retries():
-            return await _commands(
-                client, scripts.invoke(client, step.script, step.keys, step.args)
-            )
+            commands = scripts.invoke(client, step.script, step.keys, step.args)
+            if step.confirm is not None:
+                return await _commands(client, _core.confirming(step, commands), step.keys[0])
+            return await _commands(client, commands)
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return await reader().wait(step.lid, step.timeout)
@@ -61,9 +64,11 @@ async def _step(
     return None
 
 
-async def _commands(client: Any, commands: Generator[tuple[Any, ...], Any, Any]) -> Any:
-    """Carry out the commands of one script call (``Scripts.invoke``). A
-    cancellation passes straight through: the flow around decides."""
+async def _commands(client: Any, commands: Generator[Any, Any, Any], key: str = "") -> Any:
+    """Carry out the commands of one script call (``Scripts.invoke``; a
+    list of commands is a confirmed call's pipeline, see
+    ``_core.confirming``, for the slot of ``key``). A cancellation passes
+    straight through: the flow around decides."""
     reply: Any = None
     error: Exception | None = None
     while True:
@@ -73,9 +78,53 @@ async def _commands(client: Any, commands: Generator[tuple[Any, ...], Any, Any])
             return stop.value
         reply, error = None, None
         try:
-            reply = await client.execute_command(*args)
+            if isinstance(args, list):
+                send = _send_to_slot if is_cluster(client) else _send_pipelined
+                reply = await send(client, args, key)
+            else:
+                reply = await client.execute_command(*args)
         except Exception as exc:  # handed to the flow, which decides
             error = exc
+
+
+async def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same as the sync shell's ``_send_pipelined``, awaitable."""
+    async with client.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+
+async def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same as the sync shell's ``_send_to_slot``: one connection to the
+    master of the pool's slot."""
+    await client.initialize()  # a no-op once the client knows the slots
+    node = client.get_node_from_key(key)
+    conn = node.acquire_connection()
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await conn.disconnect()
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            with contextlib.suppress(Exception):
+                await client.nodes_manager.initialize()
+        raise
+    finally:
+        release = getattr(node, "release", None)
+        if release is not None:
+            release(conn)
+        else:  # redis-py < 5.1: the node keeps its free connections itself
+            node._free.append(conn)
+    if _core.moved(replies):
+        await client.nodes_manager.initialize()  # learn the new owner of the slot
+    return replies
 
 
 async def _drive(steps: Flow[T], run: Callable[[Step], Awaitable[Any]]) -> T:
@@ -120,8 +169,17 @@ class AsyncFairAllocator:
         lease_ttl: float = 60.0,
         bind_ttl: float = 3600.0,
         prefix: str = "alloc",
+        min_replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
-        self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        self._pool = Pool.create(
+            name,
+            lease_ttl=lease_ttl,
+            bind_ttl=bind_ttl,
+            prefix=prefix,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+        )
         if client_kind(client) != "async":
             raise TypeError(
                 f"client must be an asyncio Redis client for {type(self).__name__}, "

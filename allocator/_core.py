@@ -41,10 +41,12 @@ from typing import (
 import attrs
 from redis.crc import key_slot
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     AuthenticationWrongNumberOfArgsError,
     AuthorizationError,
     ClusterError,
+    MovedError,
     NoPermissionError,
     ReadOnlyError,
     SlotNotCoveredError,
@@ -54,7 +56,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
-from .errors import AcquireTimeout, AllocatorError, LeaseLost, UnknownResource
+from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
 
 __all__ = [
     "ALIVE",
@@ -115,6 +117,12 @@ OUTAGE_WARNING = 10.0
 
 #: The liveness mark a refresh sets, in ms (see ALIVE).
 ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
+#: How long a reader with nobody left waiting keeps retrying the
+#: acknowledgements it could not send: past the liveness mark and one
+#: pick-up check (PICKUP_MS in prelude.lua), the server has taken back every
+#: grant that was not acknowledged, so the acknowledgement no longer matters
+#: and the reader ends instead of retrying a gone server for ever.
+ACK_GIVE_UP = ALIVE_MS / 1000 + 2.0
 
 MAX_NAME = 200
 MAX_RESOURCE = 1024
@@ -130,6 +138,8 @@ MAX_LEASE_ID = 128
 #: records of all of them in one call, and Lua unpacks at most a few
 #: thousand values). The server also refuses a count larger than the pool.
 MAX_COUNT = 1000
+#: The most replicas ``min_replicas`` may ask for.
+MAX_REPLICAS = 1000
 MAX_TOKEN = 2**63 - 1
 
 #: Errors that pass: a lost connection, a server still loading its data, a
@@ -387,6 +397,10 @@ class Call(Generic[T]):
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
     parse: Callable[[Any], T] = attrs.field(repr=False)
+    #: ``(replicas, timeout_ms)``: the write must be confirmed by that many
+    #: replicas. The shells send :func:`confirm_commands` in one pipeline on
+    #: one connection and hand :func:`confirmed` of the replies to ``parse``.
+    confirm: tuple[int, int] | None = None
 
 
 class Wait(NamedTuple):
@@ -411,6 +425,108 @@ class Command(NamedTuple):
 
 Step = Call[Any] | Wait | Sleep | Command
 Flow = Generator[Step, Any, T]
+
+
+# --------------------------------------------------------------------------
+# Confirming writes on replicas (CONTRACT.md section 9)
+# --------------------------------------------------------------------------
+#
+# Redis's WAIT counts the replicas that acknowledged the replication offset
+# of the *calling connection's* last write (its ``woff``), not every write
+# the server had when WAIT came: a WAIT on a connection that wrote nothing,
+# or wrote long ago, answers at once with a count that says nothing about a
+# grant some other client's script made. So a confirmed call is sent as
+#
+#     EVALSHA <script> ...; HINCRBY <meta> wseq 1; WAIT <replicas> <ms>
+#
+# in one pipeline on one connection. HINCRBY always changes the server (a
+# script that found nothing to do, or an acquire retried after a lost reply
+# that finds its grant made by the first try, may write nothing), so it is
+# always replicated, and it runs after the script on the same master: the
+# replication stream is ordered, so a replica that acknowledged it has every
+# write the script saw, the grant among them, whoever made it. The same holds
+# for a grant pushed to a waiter by another client's release: the waiter
+# confirms it with a confirmed ``renew`` of the lease, whose script reads the
+# grant (so runs after it) before the marker and the WAIT.
+
+
+class Confirmed(NamedTuple):
+    """The reply of a confirmed call: the script's reply and how many
+    replicas acknowledged it (WAIT's answer)."""
+
+    reply: Any
+    replicas: int
+
+
+#: The field of the pool's META hash that the confirmation marker bumps.
+CONFIRM_FIELD = "wseq"
+
+
+#: The commands that run a script (``Scripts.invoke`` yields one of them,
+#: after a ``FUNCTION LOAD`` perhaps).
+SCRIPT_COMMANDS = frozenset({"FCALL", "FCALL_RO", "EVALSHA", "EVAL"})
+
+
+def confirm_commands(call: Call[Any], command: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The pipeline of a confirmed call: the script ``command`` (FCALL,
+    EVALSHA or EVAL), the marker write, WAIT."""
+    assert call.confirm is not None, "not a confirmed call"
+    replicas, timeout_ms = call.confirm
+    return [
+        command,
+        ("HINCRBY", call.keys[0], CONFIRM_FIELD, 1),
+        ("WAIT", replicas, timeout_ms),
+    ]
+
+
+def confirming(
+    call: Call[Any], commands: Generator[tuple[Any, ...], Any, Any]
+) -> Generator[tuple[Any, ...] | list[tuple[Any, ...]], Any, Confirmed]:
+    """The commands of a confirmed call: those of ``commands`` (the
+    script's, from ``Scripts.invoke``), each script command sent as the
+    pipeline of :func:`confirm_commands` (a list: the shells send it on one
+    connection and send back the replies, errors as values). The script's
+    reply or error goes back to ``commands``, which decides (NOSCRIPT: by
+    text; a missing library: load it); returns the script's reply and the
+    replicas that confirmed it."""
+    replicas = 0
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            command = commands.send(reply) if error is None else commands.throw(error)
+        except StopIteration as stop:
+            return Confirmed(stop.value, replicas)
+        reply, error = None, None
+        if _decode(command[0]).upper() not in SCRIPT_COMMANDS:
+            try:
+                reply = yield command
+            except Exception as exc:
+                error = exc
+            continue
+        replies = yield confirm_commands(call, command)
+        if len(replies) != 3:
+            raise AllocatorError(f"unexpected replies to a confirmed call: {replies!r}")
+        for item in replies:
+            if isinstance(item, (MovedError, AskError)):
+                # The slot moved or is moving: transient, like TRYAGAIN.
+                raise ClusterError(f"the pool's slot is moving: {item}") from item
+        script, marker, acked = replies
+        for item in (marker, acked):
+            if isinstance(item, Exception):
+                raise item
+        if isinstance(script, Exception):
+            error = script
+            continue
+        reply, replicas = script, int(acked)
+
+
+def moved(replies: list[Any]) -> bool:
+    """A confirmed call sent to a cluster node that no longer serves the
+    pool's slot: the shell refreshes its slot map (:func:`confirming` then
+    raises a transient error, and the flow tries again)."""
+    return any(isinstance(reply, MovedError) for reply in replies)
+
 
 #: Put on a waiter's queue by the asyncio router to make it poll once.
 RECHECK = "r|"
@@ -588,21 +704,76 @@ class Pool:
     lease_ttl: float
     bind_ttl: float
     keys: tuple[str, ...]
+    #: Replicas that must confirm a grant or a renewal (0: none, no WAIT).
+    min_replicas: int = 0
+    #: How long a WAIT for them may block, in seconds.
+    replica_timeout: float = 0.5
     _policy_checked: bool = attrs.field(default=False, repr=False)
 
     @classmethod
-    def create(cls, name: object, *, lease_ttl: object, bind_ttl: object, prefix: object) -> Pool:
+    def create(
+        cls,
+        name: object,
+        *,
+        lease_ttl: object,
+        bind_ttl: object,
+        prefix: object,
+        min_replicas: object = 0,
+        replica_timeout: object = 0.5,
+    ) -> Pool:
         name = _text("name", name, MAX_NAME)
         prefix = _text("prefix", prefix, MAX_NAME)
         base = f"{_escape(prefix)}:{{{_escape(name)}}}"
         keys = (*tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES), f"{base}:s:")
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+            raise TypeError(f"min_replicas must be an int, not {type(min_replicas).__name__}")
+        if not 0 <= min_replicas <= MAX_REPLICAS:
+            raise ValueError(f"min_replicas must be 0 to {MAX_REPLICAS}, got {min_replicas}")
         return cls(
             name=name,
             prefix=prefix,
             lease_ttl=_seconds("lease_ttl", lease_ttl),
             bind_ttl=_seconds("bind_ttl", bind_ttl),
             keys=keys,
+            min_replicas=min_replicas,
+            replica_timeout=_seconds("replica_timeout", replica_timeout),
         )
+
+    # -- replicas -------------------------------------------------------------
+
+    def _confirmed(self, call: Call[T]) -> Call[tuple[T, int]]:
+        """``call`` sent with the confirmation of :func:`confirm_commands`;
+        its parse gives the parsed reply and the replicas that confirmed."""
+        parse = call.parse
+
+        def both(reply: Confirmed) -> tuple[T, int]:
+            return parse(reply.reply), reply.replicas
+
+        confirm = (self.min_replicas, _ms(self.replica_timeout))
+        return Call(call.script, call.keys, call.args, both, confirm=confirm)
+
+    def _not_replicated(self, lease: Lease, replicas: int, what: str) -> NotReplicated:
+        return NotReplicated(
+            self.name, lease.resource, lease.token, replicas, self.min_replicas, what
+        )
+
+    def _give_back(self, lease: Lease, replicas: int) -> Flow[NotReplicated]:
+        """A grant that too few replicas confirmed: release it (so nothing
+        leaks; a failover that loses it loses nothing either) and return
+        the error to raise."""
+        _log.warning(
+            "allocator: pool %r: grant of %r confirmed by %d of %d replicas; released",
+            self.name,
+            lease.resource,
+            replicas,
+            self.min_replicas,
+        )
+        release = Call("release", self.keys, (lease.id, lease.ticket, "", ""), lambda r: r)
+        with contextlib.suppress(Exception):
+            # Not confirmed itself: if this release is lost in a failover,
+            # the lease ends at its deadline as any unreleased lease does.
+            yield from self._single(release)
+        return self._not_replicated(lease, replicas, "acquire")
 
     # -- identity -----------------------------------------------------------
 
@@ -867,7 +1038,7 @@ class Pool:
 
         def attempt(call: Call[State]) -> Flow[State]:
             try:
-                return (yield from self._retrying(call, deadline=deadline))
+                return (yield from self._look(call, deadline))
             except Exception as exc:
                 if blocking and timeout is not None and is_transient(exc):
                     # Out of time while the server was unreachable: the
@@ -913,7 +1084,12 @@ class Pool:
                         break
                     seen = self._message(message, lid, ticket, count)
                     if isinstance(seen, Lease) and count is None:
-                        return seen
+                        if not self.min_replicas:
+                            return seen
+                        confirmed = yield from self._confirm_pushed(seen, deadline)
+                        if confirmed is not None:
+                            return confirmed
+                        break  # taken back meanwhile: look again
                     if isinstance(seen, Lease):
                         # One script run pushed them all: the others follow,
                         # normally in the same batch. If one never comes (it
@@ -922,7 +1098,13 @@ class Pool:
                         # leases, or none and a place at the back.
                         got[seen.id] = seen
                         if len(got) == count:
-                            return [got[many_id(lid, i)] for i in range(count)]
+                            leases = [got[many_id(lid, i)] for i in range(count)]
+                            if not self.min_replicas:
+                                return leases
+                            all_confirmed = yield from self._confirm_pushed_many(leases, deadline)
+                            if all_confirmed is not None:
+                                return all_confirmed
+                            break  # some taken back meanwhile: look again
                         soon = time.monotonic() + HEARTBEAT
                         wake_at = soon if wake_at is None else min(wake_at, soon)
                         continue
@@ -948,6 +1130,53 @@ class Pool:
                 yield from self._retrying(cancel, attempts=1)
             raise
 
+    def _look(self, call: Call[State], deadline: float | None) -> Flow[State]:
+        """Run an acquire or poll call. With ``min_replicas``, a grant in its
+        reply counts only once confirmed: else it is released and
+        :class:`NotReplicated` raised."""
+        if not self.min_replicas:
+            return (yield from self._retrying(call, deadline=deadline))
+        state, replicas = yield from self._retrying(self._confirmed(call), deadline=deadline)
+        if isinstance(state, Lease) and replicas < self.min_replicas:
+            raise (yield from self._give_back(state, replicas))
+        if isinstance(state, list) and replicas < self.min_replicas:
+            # acquire_many: all of them go back, and the first error is raised.
+            errors = []
+            for lease in state:
+                errors.append((yield from self._give_back(lease, replicas)))
+            raise errors[0]
+        return state
+
+    def _confirm_pushed_many(
+        self, leases: list[Lease], deadline: float | None
+    ) -> Flow[list[Lease] | None]:
+        """:meth:`_confirm_pushed` for the leases of an acquire_many grant:
+        all of them confirmed, or None if one is no longer this waiter's
+        (its next look ends the others). A NotReplicated goes out to the
+        flow, whose cancel ends every lease of the request."""
+        confirmed = []
+        for lease in leases:
+            renewed = yield from self._confirm_pushed(lease, deadline)
+            if renewed is None:
+                return None
+            confirmed.append(renewed)
+        return confirmed
+
+    def _confirm_pushed(self, lease: Lease, deadline: float | None) -> Flow[Lease | None]:
+        """Confirm a grant pushed to this waiter by another client's script:
+        a confirmed renew of it (see :func:`confirm_commands` for why that
+        covers the grant). None if the grant is no longer this waiter's."""
+        renew = self._confirmed(self._renew_call(lease, _ms(lease.ttl)))
+        if deadline is None or deadline - time.monotonic() < RETRY_BUDGET:
+            deadline = time.monotonic() + RETRY_BUDGET
+        try:
+            renewed, replicas = yield from self._retrying(renew, deadline=deadline)
+        except LeaseLost:
+            return None
+        if replicas < self.min_replicas:
+            raise (yield from self._give_back(renewed, replicas))
+        return renewed
+
     # -- single-call operations ---------------------------------------------
 
     def release(self, lease: object, quarantine: object) -> Flow[bool]:
@@ -965,7 +1194,19 @@ class Pool:
     def renew(self, lease: object, ttl: object) -> Flow[Lease]:
         held = self._check_lease(lease)
         ttl_ms = _ms(_seconds("lease.ttl", held.ttl) if ttl is None else _seconds("ttl", ttl))
+        call = self._renew_call(held, ttl_ms)
+        if not self.min_replicas:
+            return self._single(call)
+        return self._renew_confirmed(call, held)
 
+    def _renew_confirmed(self, call: Call[Lease], held: Lease) -> Flow[Lease]:
+        renewed, replicas = yield from self._single(self._confirmed(call))
+        if replicas < self.min_replicas:
+            # The lease stays as the primary has it (renewed there).
+            raise self._not_replicated(held, replicas, "renew")
+        return renewed
+
+    def _renew_call(self, held: Lease, ttl_ms: int) -> Call[Lease]:
         def parse(reply: Any) -> Lease:
             tag, rest = _tagged("renew", reply)
             if tag == "renewed" and len(rest) == 1:
@@ -976,7 +1217,7 @@ class Pool:
                 )
             raise _unexpected("renew", reply)
 
-        return self._single(Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse))
+        return Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse)
 
     def extend(
         self, resources: object, capacity: object, priority: object, rate: object
@@ -1354,6 +1595,7 @@ class Hub:
         self.trouble: BaseException | None = None
         self._retrier = Retrier("waiting-list reader")
         self._refusals = 0
+        self._failing_since: float | None = None
 
     # -- waiters ------------------------------------------------------------
 
@@ -1440,6 +1682,14 @@ class Hub:
         its own call raises the error at once, and the reader backs off
         until they have left or the error has passed."""
         self.trouble = error
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if not self._waiters and now - self._failing_since > ACK_GIVE_UP:
+            # Only acknowledgements left, and too late to matter: stop.
+            for served in self._served.values():
+                served.acks.clear()
+            return 0.0, []
         delay = self._retrier.next_delay(error)
         if delay is not None:
             return delay, []
@@ -1453,6 +1703,7 @@ class Hub:
         if self.trouble is not None:
             self.trouble = None
             self._refusals = 0
+            self._failing_since = None
             self._retrier.succeeded()
 
     def plan(self) -> tuple[list[tuple[str, list[str]]], list[str]]:

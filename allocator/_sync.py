@@ -61,6 +61,17 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     if isinstance(step, Call):
         with no_client_retries():
             commands = scripts.invoke(client, step.script, step.keys, step.args)
+            if step.confirm is not None:
+                send = _send_to_slot if is_cluster(client) else _send_pipelined
+                key = step.keys[0]
+                return _drive(
+                    _core.confirming(step, commands),
+                    lambda args: (
+                        send(client, args, key)
+                        if isinstance(args, list)
+                        else client.execute_command(*args)
+                    ),
+                )
             return _drive(commands, lambda args: client.execute_command(*args))
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
@@ -70,6 +81,44 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
             return client.execute_command(*step.args)
     time.sleep(step.seconds)
     return None
+
+
+def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """A confirmed script call (``_core.confirming``): its commands in one
+    pipeline on one connection; the replies, errors as values."""
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+
+def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same, on a cluster: one connection to the master of the pool's slot
+    (WAIT names no key, and must follow the writes on their connection)."""
+    node = client.get_node_from_key(key)
+    pool = node.redis_connection.connection_pool
+    conn = _get_connection(pool)
+    try:
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException as exc:
+        conn.disconnect()
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            # The master may be gone (failed over): learn the slots again,
+            # so that the flow's next try goes to the new one.
+            with contextlib.suppress(Exception):
+                client.nodes_manager.initialize()
+        raise
+    finally:
+        pool.release(conn)
+    if _core.moved(replies):
+        client.nodes_manager.initialize()  # learn the new owner of the slot
+    return replies
 
 
 def _drive(steps: Generator[S, Any, T], run: Callable[[S], Any]) -> T:
@@ -100,6 +149,13 @@ class FairAllocator:
 
     ``lease_ttl`` is the default life of a lease without renewal, in seconds;
     ``bind_ttl`` how long a soft binding lives after its last use.
+
+    ``min_replicas`` (default 0: no wait): ``acquire`` and ``renew`` return
+    only once that many replicas confirmed the write (Redis ``WAIT``, sent
+    in the same round trip as the script, bounded by ``replica_timeout``
+    seconds); else :class:`~allocator.NotReplicated` is raised, and an
+    acquire releases its grant first. A Sentinel-managed client
+    (``Sentinel(...).master_for(...)``) is a client like any other.
     """
 
     def __init__(
@@ -110,8 +166,17 @@ class FairAllocator:
         lease_ttl: float = 60.0,
         bind_ttl: float = 3600.0,
         prefix: str = "alloc",
+        min_replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
-        self._pool = Pool.create(name, lease_ttl=lease_ttl, bind_ttl=bind_ttl, prefix=prefix)
+        self._pool = Pool.create(
+            name,
+            lease_ttl=lease_ttl,
+            bind_ttl=bind_ttl,
+            prefix=prefix,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+        )
         if client_kind(client) != "sync":
             raise TypeError(
                 f"client must be a blocking Redis client for {type(self).__name__}, "

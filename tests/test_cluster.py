@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import _servers
 import pytest
 import redis
 import redis.asyncio.cluster
@@ -49,6 +50,9 @@ def cluster() -> Iterator[LocalCluster]:
         if IN_CI:
             pytest.fail(f"CI=true but {message}")
         pytest.skip(message)
+    reason = _servers.lacks("cluster-port")
+    if reason:
+        pytest.skip(reason)
     with LocalCluster(masters=3) as made:
         yield made
 
@@ -426,7 +430,11 @@ def test_slot_moves_while_a_waiter_blocks(env: Env) -> None:
     # MOVED replies the source gave to blocked clients (those it gave to
     # commands are counted as rejected calls): the blocking read itself was
     # redirected, not only a heartbeat that happened to fall in between.
-    assert source.errorstats().get("MOVED", 0) - source.rejected_calls() >= 1
+    # (Valkey counts those replies as rejected calls too, and Redis 6.2 has
+    # no errorstats: there the unblocking is shown by the waiter blocking
+    # on the target, above.)
+    if _servers.lacks("redis7-stats") is None:
+        assert source.errorstats().get("MOVED", 0) - source.rejected_calls() >= 1
     assert not job.done
 
     # The holder's client still maps the slot to the source: its release

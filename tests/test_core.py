@@ -351,3 +351,48 @@ def test_the_wheel_ships_the_scripts_and_works_from_them(tmp_path: Path) -> None
     assert package.startswith(str(tmp_path / "site"))
     assert scripts == str(tmp_path / "site" / "allocator" / "lua")
     assert int(count) == len(OPERATIONS)
+
+
+def test_a_reader_left_with_acknowledgements_on_a_gone_server_ends(monkeypatch: Any) -> None:
+    """A reader whose last waiter has left but whose acknowledgements could
+    not be sent retries while they can matter (the liveness window and one
+    pick-up check), then gives them up and stops, instead of retrying a gone
+    server for ever (it logged into later tests). While anyone waits, it
+    keeps them."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from allocator import _core
+
+    clock = [1000.0]
+    monkeypatch.setattr(_core.time, "monotonic", lambda: clock[0])
+    pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
+    down = RedisConnectionError("Connection refused")
+
+    def hub_with_a_pending_ack() -> Any:
+        hub = _core.Hub(_core.HEARTBEAT)
+        hub.register(pool, "lid-1", object())
+        grant = "g|lid-1|1-0|7|1|60000|r"
+        _inbox, item, _ = hub.route(pool.signal_key(hub.cid), grant, clock[0])
+        assert item == grant
+        hub.unregister("lid-1")
+        assert not hub.idle  # the acknowledgement is still to send
+        return hub
+
+    hub = hub_with_a_pending_ack()
+    hub.register(pool, "lid-2", object())
+    for _ in range(3):
+        hub.failed(down)
+        clock[0] += _core.ACK_GIVE_UP
+        assert not hub.idle  # lid-2 waits: keep everything
+    hub.unregister("lid-2")
+    hub.failed(down)
+    assert hub.idle
+
+    hub = hub_with_a_pending_ack()
+    hub.failed(down)
+    clock[0] += _core.ACK_GIVE_UP / 2
+    hub.failed(down)
+    assert not hub.idle  # may still save the holder's lease
+    clock[0] += _core.ACK_GIVE_UP / 2 + 0.1
+    hub.failed(down)
+    assert hub.idle
