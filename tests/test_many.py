@@ -856,3 +856,40 @@ def test_every_lease_of_a_multi_grant_shows_its_owner_and_counts_as_a_grant(pool
     for lease in leases:
         pool.release(lease)
     assert pool.leases() == ()
+
+
+@pytest.mark.real_redis
+@pytest.mark.replicas
+def test_acquire_many_with_min_replicas(pool_name: str) -> None:
+    """Every lease confirmed (in the reply, or pushed); with the replica
+    down, NotReplicated and nothing left behind."""
+    from _replication import Replicated
+
+    from allocator import FairAllocator, NotReplicated
+
+    with Replicated(replicas=1) as made:
+        plain = FairAllocator(made.client(), pool_name)
+        plain.extend(["a", "b", "c"])
+        sure = FairAllocator(made.client(), pool_name, min_replicas=1, replica_timeout=5.0)
+        replica = made.client(made.replicas[0], decode_responses=True)
+        recs = sure._pool.keys[6]
+        leases = sure.acquire_many(2, timeout=5)  # granted in the reply
+        assert all(replica.hexists(recs, lease.id) for lease in leases)
+        for lease in leases:
+            assert sure.release(lease)
+        held = plain.acquire_many(3, timeout=5)
+        waiter = Background(lambda: sure.acquire_many(2, timeout=30))
+        wait_until(lambda: plain.status().waiting == 1, what="the request queued")
+        for lease in held:
+            plain.release(lease)  # pushed to the waiter, confirmed by it
+        pushed = waiter.join(30)
+        assert all(replica.hexists(recs, lease.id) for lease in pushed)
+        for lease in pushed:
+            assert sure.release(lease)
+        made.stop_replica()
+        hurried = FairAllocator(made.client(), pool_name, min_replicas=1, replica_timeout=0.3)
+        with pytest.raises(NotReplicated):
+            hurried.acquire_many(2, timeout=5)
+        status = plain.status()
+        assert (status.free, status.leased, status.waiting) == (3, 0, 0)
+        replica.close()
