@@ -283,6 +283,85 @@ class AsyncFairAllocator:
         if not await self.release(held) or lost is not None:
             raise lost or LeaseLost(self.name, held.resource, held.token, "lost while held")
 
+    @overload
+    async def acquire_many(
+        self,
+        count: int,
+        timeout: float | None = ...,
+        *,
+        ttl: float | None = ...,
+        blocking: Literal[True] = ...,
+        owner: str | None = ...,
+    ) -> list[Lease]: ...
+
+    @overload
+    async def acquire_many(
+        self,
+        count: int,
+        timeout: float | None = ...,
+        *,
+        ttl: float | None = ...,
+        blocking: bool,
+        owner: str | None = ...,
+    ) -> list[Lease] | None: ...
+
+    async def acquire_many(
+        self,
+        count: int,
+        timeout: float | None = None,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        owner: str | None = None,
+    ) -> list[Lease] | None:
+        """Same as :meth:`FairAllocator.acquire_many
+        <allocator.FairAllocator.acquire_many>`, awaitable. Cancelling the
+        task leaves the queue."""
+        reader = self._reader()
+        flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=reader.cid, owner=owner)
+        reader.register(self._pool, flow.lid)
+        try:
+            return await self._drive(flow.steps)
+        finally:
+            reader.unregister(flow.lid)
+
+    @contextlib.asynccontextmanager
+    async def lease_many(
+        self,
+        count: int,
+        timeout: float | None = None,
+        *,
+        ttl: float | None = None,
+        keepalive: bool = False,
+        owner: str | None = None,
+    ) -> AsyncIterator[list[Lease]]:
+        """Same as :meth:`FairAllocator.lease_many
+        <allocator.FairAllocator.lease_many>`, as ``async with``;
+        ``keepalive`` renews from tasks."""
+        if not isinstance(keepalive, bool):
+            raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
+        held = await self.acquire_many(count, timeout, ttl=ttl, owner=owner)
+        keepers = [_Keeper(self, lease) for lease in held] if keepalive else []
+        try:
+            yield held
+        except BaseException:
+            for keeper in keepers:
+                await keeper.stop()
+            for lease in held:
+                with contextlib.suppress(Exception):
+                    await self.release(lease)
+            raise
+        losses = [await keeper.stop() for keeper in keepers]
+        released: list[bool | BaseException] = []
+        for lease in held:  # every one, whatever happens to another
+            try:
+                released.append(await self.release(lease))
+            except Exception as exc:
+                released.append(exc)
+        failure = self._pool.lost_many(held, released, losses)
+        if failure is not None:
+            raise failure
+
     async def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
         """Same as :meth:`FairAllocator.renew <allocator.FairAllocator.renew>`, awaitable."""
         return await self._drive(self._pool.renew(lease, ttl))

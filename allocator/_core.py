@@ -134,6 +134,10 @@ MAX_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_PRIORITY = 1e15
 #: Bounds of what a Lease's fields may hold (see Pool._check_lease).
 MAX_LEASE_ID = 128
+#: The most resources one acquire_many may ask for (its script reads the
+#: records of all of them in one call, and Lua unpacks at most a few
+#: thousand values). The server also refuses a count larger than the pool.
+MAX_COUNT = 1000
 #: The most replicas ``min_replicas`` may ask for.
 MAX_REPLICAS = 1000
 MAX_TOKEN = 2**63 - 1
@@ -620,6 +624,15 @@ def acl_key_pattern(name: str, prefix: str = "alloc") -> str:
     return _glob_escape(f"{_escape(prefix)}:{{{_escape(name)}}}") + ":*"
 
 
+def _stream_id(text: str) -> tuple[int, int]:
+    """A stream id ``ms-seq`` as a pair that orders as the stream does."""
+    first, _, second = text.partition("-")
+    try:
+        return int(first), int(second)
+    except ValueError:
+        return -1, -1
+
+
 def _decode(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8")
@@ -645,9 +658,41 @@ def _unexpected(op: str, reply: Any) -> AllocatorError:
 
 _GONE = "gone"
 _BUSY = "busy"
-#: What a waiter learns about its ticket: granted, still queued (ticket and
-#: ms until it should look again, or None), gone from the queue, or busy.
-State = Lease | tuple[str, float | None] | str
+#: What a waiter learns about its ticket: granted (a lease, or the leases of
+#: acquire_many), still queued (ticket and ms until it should look again, or
+#: None), gone from the queue, or busy.
+State = Lease | list[Lease] | tuple[str, float | None] | str
+
+
+def many_id(lid: str, index: int) -> str:
+    """The lease id of resource ``index`` (from 0) of the acquire_many
+    request ``lid`` (prelude.lua ``P.many_id``): ``lid`` itself, then
+    ``<lid>.2``, ``<lid>.3``... A lease id from ``secrets.token_urlsafe``
+    never holds a dot, so the request's own id is the part before it."""
+    return lid if index == 0 else f"{lid}.{index + 1}"
+
+
+def _many_index(lease_id: str, lid: str) -> int:
+    """The index (from 0) of ``lease_id`` in the request ``lid``, or -1."""
+    base, dot, number = lease_id.partition(".")
+    if base != lid:
+        return -1
+    if not dot:
+        return 0
+    return int(number) - 1 if number.isdigit() and number.isascii() else -1
+
+
+def request_of(lease_id: str) -> str:
+    """The request (waiter) a lease id belongs to: see :func:`many_id`."""
+    return lease_id.partition(".")[0]
+
+
+def _count(count: object) -> int:
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"count must be an int, not {type(count).__name__}")
+    if not 1 <= count <= MAX_COUNT:
+        raise ValueError(f"count must be 1 to {MAX_COUNT}, got {count}")
+    return count
 
 
 @attrs.define(eq=False)
@@ -764,32 +809,55 @@ class Pool:
             return (_decode(rest[0]), None if hint < 0 else hint / 1000)
         if tag in (_GONE, _BUSY) and not rest:
             return tag
+        if tag == "granted_many" and rest and len(rest) % 6 == 0:
+            return [
+                self._lease(many_id(lid, i // 6), rest[i : i + 6]) for i in range(0, len(rest), 6)
+            ]
+        if tag == "toomany" and len(rest) == 1:
+            raise ValueError(
+                f"count is larger than pool {self.name!r}: it has {int(rest[0])} resources"
+            )
         raise _unexpected(op, reply)
 
-    def _message(self, message: Any, lid: str, ticket: str) -> Lease | float | str | None:
+    def _message(
+        self, message: Any, lid: str, ticket: str, count: int | None = None
+    ) -> Lease | float | str | None:
         """A message from the signal list: this waiter's grant, a hint (seconds
-        until it should look again), RECHECK, or None for anything stale."""
+        until it should look again), RECHECK, or None for anything stale.
+        A waiter of acquire_many (``count``) takes the grant of any of its
+        leases: the first on its own ticket, the others on the entries
+        behind it."""
         text = _decode(message)
         if text == RECHECK:
             return RECHECK
         kind, _, rest = text.partition("|")
         if kind == "g":
             fields = rest.split("|", 5)
-            if len(fields) == 6 and fields[0] == lid and fields[1] == ticket:
-                _, _, token, granted_us, ttl_ms, resource = fields
+            if len(fields) == 6 and (
+                (fields[0] == lid and fields[1] == ticket)
+                or (
+                    count is not None
+                    and _many_index(fields[0], lid) in range(1, count)
+                    and _stream_id(fields[1]) > _stream_id(ticket)
+                )
+            ):
+                lease_id, _, token, granted_us, ttl_ms, resource = fields
                 deadline_ms = int(granted_us) // 1000 + int(ttl_ms)
-                return self._lease(lid, [ticket, token, granted_us, deadline_ms, ttl_ms, resource])
+                return self._lease(
+                    lease_id, [fields[1], token, granted_us, deadline_ms, ttl_ms, resource]
+                )
         elif kind == "h":
             target, _, delay = rest.partition("|")
             if target == lid:
                 return int(delay) / 1000
-        elif kind == "x" and rest == lid:
+        elif kind == "x" and request_of(rest) == lid:
             # The grant was taken back while this client looked gone: the
             # waiter must look again (and queue again) at once.
             return RECHECK
-        elif kind == "d" and rest == lid:
+        elif kind == "d" and request_of(rest) == lid:
             # The pool was deleted (delete(force=True)): give up, and never
-            # queue again (that would make the pool anew).
+            # queue again (that would make the pool anew). For acquire_many,
+            # the notice may name any lease of the request.
             return DELETED
         return None
 
@@ -894,8 +962,31 @@ class Pool:
         bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
         holder = _owner(owner)
         lid = secrets.token_urlsafe(16)
-        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder)
-        return Acquire(lid=lid, steps=steps)
+        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder, None)
+        return Acquire(lid=lid, steps=_one(steps))
+
+    def acquire_many(
+        self,
+        count: object,
+        timeout: object,
+        ttl: object,
+        blocking: object,
+        *,
+        cid: str,
+        owner: object = None,
+    ) -> AcquireMany:
+        """Same as :meth:`acquire`, for ``count`` resources at once, all or
+        nothing: one request in the same queue, granted at the head when
+        ``count`` resources are free at once (see lua/acquire_many.lua)."""
+        number = _count(count)
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = _timeout(timeout)
+        ttl_ms = self._ttl_ms(ttl)
+        holder = _owner(owner)
+        lid = secrets.token_urlsafe(16)
+        steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, holder, number)
+        return AcquireMany(lid=lid, count=number, steps=_many(steps))
 
     def _acquire(
         self,
@@ -906,7 +997,11 @@ class Pool:
         bind: str | None,
         blocking: bool,
         owner: str,
-    ) -> Flow[Lease | None]:
+        count: int | None,
+    ) -> Flow[Lease | list[Lease] | None]:
+        """The one waiting flow, of ``acquire`` (``count`` None) and of
+        ``acquire_many`` (the leases of ``count`` resources: it returns once
+        it has all of them, from one reply or from ``count`` pushes)."""
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         if not blocking and deadline is None:
@@ -915,24 +1010,28 @@ class Pool:
             deadline = started + RETRY_BUDGET
         alive_ms = ALIVE_MS
         own = (*self.keys, self.signal_key(cid))
-        enqueue: Call[State] = Call(
-            "acquire",
-            own,
-            (
-                lid,
-                cid,
-                ttl_ms,
-                alive_ms,
-                "1" if blocking else "0",
-                bind or "",
-                _ms(self.bind_ttl),
-                owner,
-            ),
-            lambda reply: self._state("acquire", lid, reply),
-        )
+        flag = "1" if blocking else "0"
+        many: tuple[str | int, ...] = ()
+        if count is None:
+            enqueue: Call[State] = Call(
+                "acquire",
+                own,
+                (lid, cid, ttl_ms, alive_ms, flag, bind or "", _ms(self.bind_ttl), owner),
+                lambda reply: self._state("acquire", lid, reply),
+            )
+        else:
+            many = ("", count)  # poll's probe (none) and count
+            enqueue = Call(
+                "acquire_many",
+                own,
+                (lid, cid, ttl_ms, alive_ms, flag, count, owner),
+                lambda reply: self._state("acquire_many", lid, reply),
+            )
         poll: Call[State] = Call(
-            "poll", own, (lid, cid, alive_ms), lambda reply: self._state("poll", lid, reply)
+            "poll", own, (lid, cid, alive_ms, *many), lambda reply: self._state("poll", lid, reply)
         )
+        # Grants of acquire_many pushed one lease at a time, by lease id.
+        got: dict[str, Lease] = {}
         deleted = False
         # The reader's last error while it fails, if it does, when a wait ends.
         trouble: BaseException | None = None
@@ -954,8 +1053,9 @@ class Pool:
             if state == _BUSY:
                 return None
             while True:
-                if isinstance(state, Lease):
+                if isinstance(state, (Lease, list)):
                     return state
+                got.clear()
                 if state == _GONE:
                     # The ticket left the queue without us (the pool's data was
                     # lost, or we looked dead for too long): queue again.
@@ -982,14 +1082,32 @@ class Pool:
                         if deadline is not None and time.monotonic() >= deadline:
                             continue
                         break
-                    seen = self._message(message, lid, ticket)
-                    if isinstance(seen, Lease):
+                    seen = self._message(message, lid, ticket, count)
+                    if isinstance(seen, Lease) and count is None:
                         if not self.min_replicas:
                             return seen
                         confirmed = yield from self._confirm_pushed(seen, deadline)
                         if confirmed is not None:
                             return confirmed
                         break  # taken back meanwhile: look again
+                    if isinstance(seen, Lease):
+                        # One script run pushed them all: the others follow,
+                        # normally in the same batch. If one never comes (it
+                        # ended before it was popped: its message went with
+                        # it), a look within a heartbeat settles it: all the
+                        # leases, or none and a place at the back.
+                        got[seen.id] = seen
+                        if len(got) == count:
+                            leases = [got[many_id(lid, i)] for i in range(count)]
+                            if not self.min_replicas:
+                                return leases
+                            all_confirmed = yield from self._confirm_pushed_many(leases, deadline)
+                            if all_confirmed is not None:
+                                return all_confirmed
+                            break  # some taken back meanwhile: look again
+                        soon = time.monotonic() + HEARTBEAT
+                        wake_at = soon if wake_at is None else min(wake_at, soon)
+                        continue
                     if isinstance(seen, float):
                         wake_at = time.monotonic() + seen
                     elif seen == DELETED:
@@ -1007,7 +1125,7 @@ class Pool:
             # A deleted pool holds no ticket: a cancel would only make keys.
             if deleted:
                 raise
-            cancel = Call("cancel", own, (lid,), lambda reply: _tagged("cancel", reply))
+            cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
             with contextlib.suppress(Exception):
                 yield from self._retrying(cancel, attempts=1)
             raise
@@ -1021,7 +1139,28 @@ class Pool:
         state, replicas = yield from self._retrying(self._confirmed(call), deadline=deadline)
         if isinstance(state, Lease) and replicas < self.min_replicas:
             raise (yield from self._give_back(state, replicas))
+        if isinstance(state, list) and replicas < self.min_replicas:
+            # acquire_many: all of them go back, and the first error is raised.
+            errors = []
+            for lease in state:
+                errors.append((yield from self._give_back(lease, replicas)))
+            raise errors[0]
         return state
+
+    def _confirm_pushed_many(
+        self, leases: list[Lease], deadline: float | None
+    ) -> Flow[list[Lease] | None]:
+        """:meth:`_confirm_pushed` for the leases of an acquire_many grant:
+        all of them confirmed, or None if one is no longer this waiter's
+        (its next look ends the others). A NotReplicated goes out to the
+        flow, whose cancel ends every lease of the request."""
+        confirmed = []
+        for lease in leases:
+            renewed = yield from self._confirm_pushed(lease, deadline)
+            if renewed is None:
+                return None
+            confirmed.append(renewed)
+        return confirmed
 
     def _confirm_pushed(self, lease: Lease, deadline: float | None) -> Flow[Lease | None]:
         """Confirm a grant pushed to this waiter by another client's script:
@@ -1312,6 +1451,25 @@ class Pool:
             repaired=repaired,
         )
 
+    def lost_many(
+        self,
+        held: list[Lease],
+        released: list[bool | BaseException],
+        losses: list[LeaseLost | None],
+    ) -> BaseException | None:
+        """What the exit of ``lease_many`` raises, if anything: the first
+        LeaseLost a keeper met, else a LeaseLost for the first lease whose
+        release found it ended, else the first error a release raised (every
+        release was tried). ``released`` holds each release's result or
+        error; ``losses`` each keeper's LeaseLost or None."""
+        lost = next((loss for loss in losses if loss is not None), None)
+        if lost is not None:
+            return lost
+        for lease, result in zip(held, released, strict=True):
+            if result is False:
+                return LeaseLost(self.name, lease.resource, lease.token, "lost while held")
+        return next((r for r in released if isinstance(r, BaseException)), None)
+
     def heartbeat(self, cid: str, probe: str) -> Call[tuple[str, bool, bool]]:
         """The client-level poll of a reader: keeps all of client ``cid``'s
         waiters alive, and returns the pool's epoch, whether waiter
@@ -1364,6 +1522,30 @@ class Acquire:
 
     lid: str
     steps: Flow[Lease | None] = attrs.field(repr=False)
+
+
+@attrs.frozen
+class AcquireMany:
+    """An acquire_many ready to be driven: the request's id (its messages,
+    one per lease, are routed by it: :func:`request_of`), and its steps."""
+
+    lid: str
+    count: int
+    steps: Flow[list[Lease] | None] = attrs.field(repr=False)
+
+
+def _one(steps: Flow[Lease | list[Lease] | None]) -> Flow[Lease | None]:
+    result = yield from steps
+    if isinstance(result, list):  # pragma: no cover - only acquire_many gets lists
+        raise AllocatorError("unexpected leases for a single acquire")
+    return result
+
+
+def _many(steps: Flow[Lease | list[Lease] | None]) -> Flow[list[Lease] | None]:
+    result = yield from steps
+    if isinstance(result, Lease):  # pragma: no cover - the flow never returns one here
+        raise AllocatorError("unexpected single lease for acquire_many")
+    return result
 
 
 # --------------------------------------------------------------------------
@@ -1552,7 +1734,8 @@ class Hub:
         text = _decode(message)
         lid = Pool.message_target(text)
         grant = text.startswith("g|")
-        entry = self._waiters.get(lid)
+        # A lease of acquire_many goes to the waiter of its request.
+        entry = self._waiters.get(lid) or self._waiters.get(request_of(lid))
         if entry is not None and entry[0] is served:
             if grant and self._silent(now) > ALIVE:
                 # Popped before a silence past the liveness window: the grant

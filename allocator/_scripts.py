@@ -44,6 +44,7 @@ __all__ = [
 
 OPERATIONS = (
     "acquire",
+    "acquire_many",
     "poll",
     "cancel",
     "release",

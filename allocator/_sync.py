@@ -300,6 +300,103 @@ class FairAllocator:
         if not self.release(held) or lost is not None:
             raise lost or LeaseLost(self.name, held.resource, held.token, "lost while held")
 
+    @overload
+    def acquire_many(
+        self,
+        count: int,
+        timeout: float | None = ...,
+        *,
+        ttl: float | None = ...,
+        blocking: Literal[True] = ...,
+        owner: str | None = ...,
+    ) -> list[Lease]: ...
+
+    @overload
+    def acquire_many(
+        self,
+        count: int,
+        timeout: float | None = ...,
+        *,
+        ttl: float | None = ...,
+        blocking: bool,
+        owner: str | None = ...,
+    ) -> list[Lease] | None: ...
+
+    def acquire_many(
+        self,
+        count: int,
+        timeout: float | None = None,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        owner: str | None = None,
+    ) -> list[Lease] | None:
+        """Wait in line for ``count`` distinct resources and lease them all
+        at once: all or nothing.
+
+        The request takes one place in the same queue as ``acquire``. At
+        the head of the queue it is granted when ``count`` resources are
+        free at once, each with its own :class:`~allocator.Lease` and
+        fencing token, in one step; until then those behind it wait too,
+        so a stream of single requests never starves it. Renew and release
+        each lease on its own. ``timeout``, ``ttl`` and ``blocking`` mean
+        what they mean for ``acquire``, and so does ``owner`` (shown for
+        every lease by ``leases()``); a timeout or an interrupt leaves
+        nothing behind. ``count`` larger than the pool raises
+        ``ValueError``.
+        """
+        reader = self._reader()
+        flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=reader.cid, owner=owner)
+        reader.register(self._pool, flow.lid)
+        try:
+            return self._drive(flow.steps)
+        finally:
+            reader.unregister(flow.lid)
+
+    @contextlib.contextmanager
+    def lease_many(
+        self,
+        count: int,
+        timeout: float | None = None,
+        *,
+        ttl: float | None = None,
+        keepalive: bool = False,
+        owner: str | None = None,
+    ) -> Iterator[list[Lease]]:
+        """``acquire_many`` on entry, release of every lease on exit::
+
+            with pool.lease_many(2, timeout=60) as (a, b):
+                train(gpus=[a.resource, b.resource])
+
+        If any lease was lost while the block ran, exit raises
+        :class:`~allocator.LeaseLost` (after releasing the others); if the
+        block raised, its exception propagates unchanged. ``keepalive=True``
+        renews every lease from daemon threads every ``ttl/3``.
+        """
+        if not isinstance(keepalive, bool):
+            raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
+        held = self.acquire_many(count, timeout, ttl=ttl, owner=owner)
+        keepers = [_Keeper(self, lease) for lease in held] if keepalive else []
+        try:
+            yield held
+        except BaseException:
+            for keeper in keepers:
+                keeper.stop()
+            for lease in held:
+                with contextlib.suppress(Exception):
+                    self.release(lease)
+            raise
+        losses = [keeper.stop() for keeper in keepers]
+        released: list[bool | BaseException] = []
+        for lease in held:  # every one, whatever happens to another
+            try:
+                released.append(self.release(lease))
+            except Exception as exc:
+                released.append(exc)
+        failure = self._pool.lost_many(held, released, losses)
+        if failure is not None:
+            raise failure
+
     def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
         """Push the lease's deadline to now + ``ttl`` (default: the lease's
         own ttl) on the server clock. Returns the lease with its new

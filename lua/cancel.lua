@@ -3,20 +3,44 @@
 -- next waiter in this same run, so that nothing leaks.
 --
 -- KEYS: the pool's keys, then KEYS[17] the caller's signal key (its client's).
--- ARGV: lid
+-- ARGV: lid, count (a waiter of acquire_many: how many resources it asked
+--       for; its leases are `<lid>.<i>` besides lid, its place-holder
+--       entries follow its ticket)
 -- Reply: {'cancelled'} left the queue | {'released'} a raced grant was passed on
 --      | {'gone'} nothing to do (already cancelled, or never queued)
-local lid = ARGV[1]
+local lid, n = ARGV[1], tonumber(ARGV[2] or '1')
 
 P:maintain()
 local out = 'gone'
+-- A multi grant that raced in: every lease of it ends, so that nothing is
+-- left behind (the first one below).
+for i = 2, n do
+  local id = P.many_id(lid, i)
+  local Li = P:lease_load(id)
+  if Li then
+    P:end_and_settle(id, Li)
+    out = 'released'
+  end
+end
 local L, raw = P:lease_load(lid)
 if L then
   -- end_lease also takes the grant message off the list if it is unread.
   P:end_and_settle(lid, L)
   out = 'released'
 elseif raw then
-  redis.call('XDEL', P.Q, string.sub(raw, 3))
+  local ticket = string.sub(raw, 3)
+  if n > 1 then
+    -- The place-holders right behind the ticket go with it.
+    local rest = redis.call('XRANGE', P.Q, '(' .. ticket, '+', 'COUNT', n - 1)
+    for i, e in ipairs(rest) do
+      if P.ticket_of(e).l ~= P.many_id(lid, i + 1) then
+        break
+      end
+      redis.call('XDEL', P.Q, e[1])
+      P:extras(-1)
+    end
+  end
+  redis.call('XDEL', P.Q, ticket)
   redis.call('HDEL', P.RECS, lid)
   P:unhint(lid)
   out = 'cancelled'

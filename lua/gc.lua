@@ -144,6 +144,11 @@ end
 
 -- 5. Serve whoever can be served now.
 P:dispatch(nil)
+-- The count of waiting place-holders (status only) is set right whenever
+-- nobody waits: a stream deleted under waiting multi requests left it high.
+if P:waiting() <= 0 and redis.call('HGET', P.META, 'xw') then
+  redis.call('HDEL', P.META, 'xw')
+end
 if P.more then
   more = 1
 end

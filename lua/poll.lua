@@ -6,13 +6,16 @@
 --
 -- KEYS: the pool's keys, then KEYS[17] the caller's signal key (its client's).
 -- ARGV: lid ('' for a client-level heartbeat), cid, alive_ms,
---       probe (heartbeat only: a waiter of the client whose ticket to check)
+--       probe (heartbeat only: a waiter of the client whose ticket to check),
+--       count (a waiter of acquire_many: how many resources it asked for)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
+--      | {'granted_many', ...}   a waiter of acquire_many (see acquire_many.lua)
 --      | {'queued', ticket, hint_ms} | {'gone'}   the ticket is not in the queue
 --      | {'alive', epoch, probe_ok, more}        client-level heartbeat; more:
 --                                                  1 if dead tickets are left at
 --                                                  the head (beat again at once)
 local lid, cid, alive_ms, probe = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local n = tonumber(ARGV[5] or '')
 
 redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
 P:maintain()
@@ -40,10 +43,25 @@ if lid == '' then
 end
 
 local mine = P:dispatch(lid)
-if mine then
+if mine and n then
+  return P.many_reply(mine)
+elseif mine then
   return P.lease_reply(mine)
 end
-local L, raw = P:lease_load(lid)
+local L, raw, got
+if n then
+  -- Granted by an earlier push: all of its leases in this reply (or none,
+  -- if some were taken back meanwhile: then the request queues again).
+  got, raw = P:many_load(lid, n)
+  if got then
+    for _, g in ipairs(got) do
+      P:claim(g[1], g[2], P.OWN)
+    end
+    return P.many_reply(got)
+  end
+else
+  L, raw = P:lease_load(lid)
+end
 if L then
   -- Granted by an earlier push: hand it over in this reply.
   P:claim(lid, L, P.OWN)

@@ -355,13 +355,7 @@ function P:reclaim(limit)
       redis.call('RPUSH', key, msg)
       self:schedule(self.PICK, self.now + self.PICKUP_MS, lid)
     else
-      self:end_and_settle(lid, L)
-      self.reclaimed = self.reclaimed + 1
-      -- Only while its liveness mark is still there: gc deletes the list
-      -- together with the mark, and must not find it made again after.
-      if redis.call('ZSCORE', self.ALIVE, L.cid) then
-        redis.call('RPUSH', self.SIG .. L.cid, 'x|' .. lid)
-      end
+      self:take_back(lid, L)
     end
   end
   local due = redis.call('ZRANGEBYSCORE', self.EXP, '-inf', self.now, 'LIMIT', 0, limit)
@@ -376,6 +370,46 @@ function P:reclaim(limit)
   end
   self:note('reclaimed', self.reclaimed - before)
   return math.max(#picks, #due)
+end
+
+-- Take back a pushed grant that its client never acknowledged, its
+-- liveness having run out; the client, should it come back, finds a notice
+-- `x|<lease id>` that makes the waiter look again at once.
+-- A grant of acquire_many is taken back whole: every other lease of the
+-- same request that is still unacknowledged goes with it, in this run
+-- (the pick-up checks of its leases are due together, but a batch could
+-- part them). They sit in consecutive stream entries (added in one run;
+-- entries are only ever appended), whose lease ids are the request's id
+-- or `<id>.<i>`: the walk goes both ways from the ticket while the
+-- entries belong to the request. For a single lease it costs two reads.
+function P:take_back(lid, L)
+  local base = string.match(lid, '^[^.]*')
+  self:take_one(lid, L)
+  for _, cmd in ipairs({{'XRANGE', '+'}, {'XREVRANGE', '-'}}) do
+    local from = L.ticket
+    while true do
+      local e = redis.call(cmd[1], self.Q, '(' .. from, cmd[2], 'COUNT', 1)[1]
+      local t = e and self.ticket_of(e)
+      if not t or not t.l or string.match(t.l, '^[^.]*') ~= base then
+        break
+      end
+      from = e[1]
+      local S = self:lease_load(t.l)
+      if S and S.ticket == e[1] and self:unclaimed(t.l, S) then
+        self:take_one(t.l, S)
+      end
+    end
+  end
+end
+
+function P:take_one(lid, L)
+  self:end_and_settle(lid, L)
+  self.reclaimed = self.reclaimed + 1
+  -- Only while its liveness mark is still there: gc deletes the list
+  -- together with the mark, and must not find it made again after.
+  if redis.call('ZSCORE', self.ALIVE, L.cid) then
+    redis.call('RPUSH', self.SIG .. L.cid, 'x|' .. lid)
+  end
 end
 
 -- Quarantines and rate throttles that ended: back into rotation, unless the
@@ -551,6 +585,12 @@ function P:drop(t)
     return false
   end
   redis.call('XDEL', self.Q, t.id)
+  if t.x then
+    -- A place-holder entry of a multi request (see P:grant_many): it has
+    -- no record and is no waiter of its own.
+    self:extras(-1)
+    return true
+  end
   if raw then
     redis.call('HDEL', self.RECS, t.l)
   end
@@ -676,9 +716,30 @@ function P:dispatch(self_lid)
         return nil
       end
       drops = drops + 1
+    elseif t.x then
+      -- A place-holder whose multi request left without it (a gc page
+      -- boundary between the two): a leftover.
+      redis.call('XDEL', self.Q, t.id)
+      self:extras(-1)
     elseif not best then
       self:hint(t, self_lid)
       return nil
+    elseif t.n then
+      -- A request for several resources. Head-of-line rule: it is served
+      -- only when `n` resources are free at once, and while it waits at
+      -- the head nobody behind it is served either (no backfilling), so a
+      -- stream of single requests can never starve it. ZCARD of FREE is
+      -- the number of distinct resources that can be granted now:
+      -- quarantined, throttled (rate budget spent), draining and full ones
+      -- are not in it.
+      if redis.call('ZCARD', self.FREE) < tonumber(t.n) then
+        self:hint(t, self_lid)
+        return nil
+      end
+      local got = self:grant_many(t, self_lid)
+      if got and t.l == self_lid then
+        return got
+      end
     else
       local L = self:grant(t, best, self_lid)
       if t.l == self_lid then
@@ -686,4 +747,134 @@ function P:dispatch(self_lid)
       end
     end
   end
+end
+
+---------------------------------------------------------------------------
+-- Several resources at once (acquire_many)
+---------------------------------------------------------------------------
+
+-- A request for `n` resources is one place in the queue: its head entry
+-- (fields l, c, t and n) and right behind it n - 1 place-holder entries
+-- (fields l = `<lid>.<i>`, c, x = '1'), all added in one script run, so
+-- nobody is ever between them. At the grant, entry i becomes the ticket of
+-- lease i, so that every lease keeps exactly one pending stream entry and
+-- one EXP entry (`XLEN q - ZCARD exp` stays the count of waiting entries,
+-- and release, renew, reclaim and gc treat each lease as any other). META
+-- `xw` counts the place-holders still waiting, so that status() counts a
+-- waiting multi request once.
+function P:extras(d)
+  redis.call('HINCRBY', self.META, 'xw', d)
+end
+
+-- The lease id of resource i of the request `lid`.
+function P.many_id(lid, i)
+  if i == 1 then
+    return lid
+  end
+  return lid .. '.' .. i
+end
+
+-- Grant the head request `t` its `n` resources, in this one run: each one
+-- through P:grant, the single grant path, so that priorities,
+-- least-recently-free order, rate limits and pushes apply per resource.
+-- Resource i is the best free one not already chosen: only chosen ones
+-- still free (capacity > 1) can come before it in FREE, so one ZRANGE of
+-- one more member than those finds it (O(n x log N) for the whole grant
+-- on a pool of exclusive resources). The caller (ZCARD FREE >= n) made
+-- sure there are n.
+-- Returns the leases as a list of {lease id, lease}, or nil if the
+-- request's place-holders are missing (then the request is dropped: its
+-- waiter, told 'gone' by its next look, queues again).
+function P:grant_many(t, self_lid)
+  local n = tonumber(t.n)
+  local entries = {t}
+  if n > 1 then
+    local rest = redis.call('XRANGE', self.Q, '(' .. t.id, '+', 'COUNT', n - 1)
+    for i, e in ipairs(rest) do
+      local x = self.ticket_of(e)
+      if x.l ~= self.many_id(t.l, i + 1) then
+        break
+      end
+      entries[i + 1] = x
+    end
+  end
+  if #entries < n then
+    redis.call('XDEL', self.Q, t.id)
+    redis.call('HDEL', self.RECS, t.l)
+    self:unhint(t.l)
+    return nil
+  end
+  local mine = t.l == self_lid
+  -- `stay`: resources chosen so far that are still in FREE (capacity > 1
+  -- with a slot left); only they can come before the best new one.
+  local chosen, got, stay = {}, {}, 0
+  for _, e in ipairs(entries) do
+    local best = nil
+    for _, member in ipairs(redis.call('ZRANGE', self.FREE, 0, stay)) do
+      if not chosen[string.sub(member, 15)] then
+        best = member
+        break
+      end
+    end
+    -- Lease i is the head ticket with its own entry and lease id; every
+    -- other field of the head (ttl, client, and whatever a grant reads)
+    -- is the same for all of them.
+    local ti = {}
+    for k, v in pairs(t) do
+      ti[k] = v
+    end
+    ti.id, ti.l, ti.n = e.id, e.l, nil
+    local L = self:grant(ti, best, mine and e.l or nil)
+    chosen[L.res] = true
+    got[#got + 1] = {e.l, L}
+    if self.records[L.res].stamp ~= '' then
+      stay = stay + 1
+    end
+  end
+  if n > 1 then
+    self:extras(1 - n)
+  end
+  return got
+end
+
+-- The leases of a granted request `lid` for `n` resources: all n as a list
+-- of {lease id, lease}, or nil. A grant of which some leases already ended
+-- (taken back while its client looked gone, expired before the waiter
+-- looked) is ended whole: a requester holds all of its resources or none.
+-- Also returns the raw record of the first lease id (W|ticket while waiting).
+function P:many_load(lid, n)
+  local got, ids = {}, {}
+  for i = 1, n do
+    ids[i] = self.many_id(lid, i)
+  end
+  -- One read for all (a new request has none of them); each lease found is
+  -- then read and parsed by lease_load.
+  local raws = redis.call('HMGET', self.RECS, unpack(ids))
+  local raw = raws[1] or nil
+  for i = 1, n do
+    if raws[i] and string.byte(raws[i], 1) == 76 then -- 'L'
+      got[#got + 1] = {ids[i], self:lease_load(ids[i])}
+    end
+  end
+  if #got == n then
+    return got, raw
+  end
+  for _, g in ipairs(got) do
+    self:end_and_settle(g[1], g[2])
+  end
+  if #got > 0 then
+    raw = nil
+  end
+  return nil, raw
+end
+
+function P.many_reply(got)
+  local out = {'granted_many'}
+  for _, g in ipairs(got) do
+    local L = g[2]
+    for _, v in ipairs({L.ticket, L.token, L.granted, L.deadline, L.ttl, L.res}) do
+      out[#out + 1] = v
+    end
+  end
+  return out
 end

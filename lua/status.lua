@@ -11,8 +11,10 @@
 --        records as in lua/README.md; stale: leases of that resource past
 --        their deadline and not yet reclaimed
 local exists = redis.call('EXISTS', unpack(KEYS, 1, 15))
-local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss')
-local waiting = P:waiting()
+local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss', 'xw')
+-- A waiting multi request counts once, not once per entry (`xw`: its
+-- place-holders, lua/README.md).
+local waiting = math.max(0, P:waiting() - tonumber(meta[3] or 0))
 -- The head of the queue: the first ticket after the last one granted. Its
 -- stream id is the server time (ms) it came in.
 local oldest = 0

@@ -163,7 +163,16 @@ class SyncView:
 
     @contextlib.contextmanager
     def lease(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        manager = self.inner.lease(*args, **kwargs)
+        with self._enter(self.inner.lease(*args, **kwargs)) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def lease_many(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with self._enter(self.inner.lease_many(*args, **kwargs)) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def _enter(self, manager: Any) -> Iterator[Any]:
         held = self._loop.run(manager.__aenter__())
         try:
             yield held

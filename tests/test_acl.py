@@ -14,7 +14,7 @@ import redis
 from helpers import wait_until
 from redis.exceptions import NoPermissionError
 
-from allocator import FairAllocator, acl_key_pattern, load_functions
+from allocator import AcquireTimeout, FairAllocator, acl_key_pattern, load_functions
 from allocator._server import RedisServer
 
 pytestmark = pytest.mark.real_redis
@@ -77,6 +77,14 @@ def exercise(pool: FairAllocator) -> None:
     assert pool.status().size == 2
     pool.gc()
     assert pool.release(lease)
+    # Several at once, as the restricted user: granted in the reply; a
+    # request that times out (cancel with a count); a count over the size.
+    pair = pool.acquire_many(2, timeout=10)
+    with pytest.raises(AcquireTimeout):
+        pool.acquire_many(2, timeout=0.05)
+    with pytest.raises(ValueError, match="count"):
+        pool.acquire_many(3, timeout=1)
+    assert all(pool.release(each) for each in pair)
     assert pool.remove(["a", "b"]) == 2
 
 

@@ -617,6 +617,8 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     assert admin.extend(["r"]) == 1  # extend
     admin.bind("w", "r")  # bind
     assert admin.unbind("w") is True  # unbind
+    (one,) = admin.acquire_many(1, timeout=5)  # acquire_many
+    assert admin.release(one) is True
     held = admin.acquire(blocking=False, bind="w")  # acquire
     assert held is not None
     held = admin.renew(held)  # renew
@@ -633,7 +635,7 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     assert admin.status().leased == 1  # status
     admin.gc()  # gc
     assert [info.resource for info in admin.leases()] == ["r"]  # leases
-    assert admin.stats().grants == 2  # stats
+    assert admin.stats().grants == 3  # stats: acquire_many, acquire, the waiter
     admin.quarantine("r", 0.01)  # quarantine
     assert admin.remove(["r"]) == 1  # remove (draining)
     assert waiter.release(got) is True

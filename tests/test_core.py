@@ -142,6 +142,20 @@ def test_construction_does_no_io() -> None:
         (lambda p: p.bind("w", 3), TypeError, "resource"),
         (lambda p: p.unbind(None), TypeError, "name"),
         (lambda p: p.lease(keepalive="yes").__enter__(), TypeError, "keepalive"),
+        (lambda p: p.acquire_many(0), ValueError, "count"),
+        (lambda p: p.acquire_many(-2), ValueError, "count"),
+        (lambda p: p.acquire_many(10**9), ValueError, "count"),
+        (lambda p: p.acquire_many(2.0), TypeError, "count"),
+        (lambda p: p.acquire_many(True), TypeError, "count"),
+        (lambda p: p.acquire_many("2"), TypeError, "count"),
+        (lambda p: p.acquire_many(None), TypeError, "count"),
+        (lambda p: p.acquire_many(2, timeout=-1), ValueError, "timeout"),
+        (lambda p: p.acquire_many(2, ttl=0), ValueError, "ttl"),
+        (lambda p: p.acquire_many(2, blocking=1), TypeError, "blocking"),
+        (lambda p: p.acquire_many(2, owner=""), ValueError, "owner"),
+        (lambda p: p.acquire_many(2, owner=5), TypeError, "owner"),
+        (lambda p: p.lease_many(0).__enter__(), ValueError, "count"),
+        (lambda p: p.lease_many(2, keepalive=1).__enter__(), TypeError, "keepalive"),
     ],
 )
 def test_bad_arguments_raise_before_io(
@@ -275,9 +289,14 @@ def test_sync_and_async_allocators_have_the_same_surface() -> None:
     assert sync.keys() == aio.keys()
     for name, signature in sync.items():
         assert signature == aio[name], name
-        assert inspect.iscoroutinefunction(getattr(AsyncFairAllocator, name)) or name == "lease"
+        assert inspect.iscoroutinefunction(getattr(AsyncFairAllocator, name)) or name in (
+            "lease",
+            "lease_many",
+        )
     assert {
         "acquire",
+        "acquire_many",
+        "lease_many",
         "release",
         "renew",
         "lease",

@@ -297,3 +297,19 @@ def test_rate_limited_api_window_arithmetic() -> None:
     assert api.busiest_window([0.1, 0.2, 0.3], 0.2) == 2  # no float rounding at the edges
     assert api.per_window([0.0, 0.2, 1.0, 2.5], 1.0) == [2, 1, 1]
     assert api.per_window([3.0], 1.0) == [1]
+
+
+def test_gpus_serves_two_card_and_one_card_jobs_in_arrival_order(url_args: list[str]) -> None:
+    out = run_script("examples/gpus.py", *url_args, "--gpus", "3", "--jobs", "10")
+    needs = [int(n) for n in one(r"^  ([12](?: [12])*)$", out)[1].split()]
+    assert len(needs) == 10 and {1, 2} <= set(needs)
+    rows = re.findall(r"^  job\s+(\d+) \(([12]) cards?\s*\)  got ((?:gpu-\d ?)+)\s+at ", out, re.M)
+    assert len(rows) == 10
+    for number, cards, names in rows:
+        got = names.split()
+        assert len(got) == int(cards) == needs[int(number) - 1]
+        assert len(set(got)) == len(got)
+    one(r"^served in arrival order: yes$", out)
+    one(r"^every job got all its cards at once: yes$", out)
+    one(r"^a card used by two jobs at once: 0 times$", out)
+    one(r"^status: 3 resources, 3 free, 0 leased, 0 waiting$", out)

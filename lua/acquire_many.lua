@@ -1,0 +1,74 @@
+-- acquire_many: join the queue for `count` resources at once, all or
+-- nothing; be granted at once if nobody is ahead and `count` resources are
+-- free. The request is one place in the queue (see P:grant_many in the
+-- prelude): at the head it waits until `count` resources are free at once,
+-- and those behind it wait too.
+--
+-- KEYS: the pool's keys (lua/README.md), then KEYS[17] the caller's signal key.
+-- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), count, owner (who
+--       holds the leases, for people: the field `o` of every entry of the
+--       request, so that leases() shows it for each lease)
+-- Lease ids: lid for the first resource, `<lid>.<i>` for resource i.
+-- Reply: {'granted_many', ticket1, token1, granted_us1, deadline_ms1, ttl_ms1, resource1,
+--         ticket2, ...}                  count leases, in the order granted
+--      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
+--      | {'busy'}                      non-blocking, and it could not be granted now
+--      | {'toomany', size}             count is larger than the pool (nothing queued)
+local lid, cid, ttl, alive_ms, blocking, n, owner =
+  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
+
+-- A retried call whose first reply was lost finds its own grant or ticket
+-- here, instead of queueing a second time (a grant that lost some of its
+-- leases meanwhile is ended whole, and the request queues again).
+local got, raw = P:many_load(lid, n)
+if got then
+  for _, g in ipairs(got) do
+    P:claim(g[1], g[2], P.OWN)
+  end
+  return P.many_reply(got)
+end
+local ticket = raw and string.sub(raw, 3)
+if ticket and not redis.call('XRANGE', P.Q, ticket, ticket)[1] then
+  redis.call('HDEL', P.RECS, lid)
+  ticket = nil
+end
+
+P:maintain()
+
+if not ticket then
+  -- Checked on the server, against the pool as it is now: a request that
+  -- could never be served is refused rather than queued for ever.
+  local size = redis.call('HLEN', P.RES)
+  if n > size then
+    return {'toomany', size}
+  end
+  if blocking == '0' then
+    -- As acquire: serve those already waiting first, and take resources
+    -- only if nobody is left waiting and `n` are free.
+    local ahead = P:waiting() > 0
+    if ahead then
+      P:dispatch(nil)
+      ahead = P:waiting() > 0
+    end
+    if ahead or redis.call('ZCARD', P.FREE) < n then
+      return {'busy'}
+    end
+  end
+  ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n)
+  for i = 2, n do
+    redis.call('XADD', P.Q, '*', 'l', P.many_id(lid, i), 'c', cid, 'o', owner, 'x', '1')
+  end
+  if n > 1 then
+    P:extras(n - 1)
+  end
+end
+
+-- Those ahead are served first, in order; if enough resources remain, so
+-- are we (in this run: all `count` at once).
+got = P:dispatch(lid)
+if got then
+  return P.many_reply(got)
+end
+redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
+redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+return {'queued', ticket, P.self_hint or -1}
