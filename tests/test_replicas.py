@@ -183,9 +183,12 @@ def test_stopped_replica_makes_acquire_raise_and_leaves_the_pool_whole(
 
 def test_renew_not_replicated_keeps_the_lease(replicated: Replicated, pool_name: str) -> None:
     client = replicated.client()
+    # The acquire waits as long as a loaded machine needs (a replica slower
+    # than 0.3 s made it flaky); the renew, with the replica gone, need not.
+    patient = FairAllocator(client, pool_name, min_replicas=1, replica_timeout=20)
     pool = FairAllocator(client, pool_name, min_replicas=1, replica_timeout=0.3)
-    pool.extend(["a"])
-    lease = pool.acquire(timeout=5)
+    patient.extend(["a"])
+    lease = patient.acquire(timeout=30)
     replicated.stop_replica()
     with pytest.raises(NotReplicated) as caught:
         pool.renew(lease, ttl=30)
@@ -208,8 +211,14 @@ def test_pushed_grant_is_confirmed_before_acquire_returns(
     client = replicated.client()
     plain = FairAllocator(client, pool_name)
     plain.extend(["a"])
-    confirming = FairAllocator(replicated.client(), pool_name, min_replicas=1, replica_timeout=0.3)
     for replica_up in (True, False):
+        # With the replica up, as long as a loaded machine needs; down, short.
+        confirming = FairAllocator(
+            replicated.client(),
+            pool_name,
+            min_replicas=1,
+            replica_timeout=20 if replica_up else 0.3,
+        )
         held = plain.acquire(timeout=5)
         outcome: list[Any] = []
         waiter = threading.Thread(target=_attempt, args=(confirming, 30, outcome), daemon=True)
