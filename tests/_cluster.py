@@ -109,6 +109,8 @@ class LocalCluster:
                 # The bus port defaults to port + 10000, which may be
                 # taken or past 65535: give it a free port of its own.
                 "--cluster-port", str(bus_port),
+                # A replica's first sync at once, not after a 5 s wait.
+                "--repl-diskless-sync-delay", "0",
             ]
         )  # fmt: skip
         return server, bus_port

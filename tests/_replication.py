@@ -23,6 +23,9 @@ __all__ = ["MASTER", "Replicated", "Sentinels", "wait_for"]
 
 MASTER = "mymaster"
 
+#: Start a replica's sync at once (the default waits 5 s for more replicas).
+NO_SYNC_DELAY = ["--repl-diskless-sync-delay", "0"]
+
 
 def wait_for(what: str, check: Any, timeout: float = 30.0, every: float = 0.05) -> Any:
     """Poll ``check()`` until it returns something true; its value."""
@@ -44,7 +47,9 @@ class Replicated:
     """A primary and its replicas; use as a context manager."""
 
     def __init__(self, replicas: int = 1) -> None:
-        self.primary = RedisServer()
+        # A replica's first sync starts at once, not after Redis's default
+        # 5 s wait for more replicas (diskless sync): 5 s per test saved.
+        self.primary = RedisServer(extra_args=NO_SYNC_DELAY)
         self.replicas: list[RedisServer] = []
         self._count = replicas
 
@@ -59,7 +64,9 @@ class Replicated:
     def start(self) -> Replicated:
         self.primary.start()
         for _ in range(self._count):
-            replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(self.primary.port)])
+            replica = RedisServer(
+                extra_args=[*NO_SYNC_DELAY, "--replicaof", "127.0.0.1", str(self.primary.port)]
+            )
             self.replicas.append(replica.start())
         self.wait_synced()
         return self
