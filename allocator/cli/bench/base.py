@@ -330,7 +330,18 @@ def _per_grant(commands: dict[str, tuple[int, int]], grants: int) -> dict[str, A
 
 
 # What a client sends itself; the rest of commandstats is run inside scripts.
-_CLIENT_COMMANDS = ("evalsha", "eval", "blpop", "rpush", "lpush", "script|load")
+_CLIENT_COMMANDS = (
+    "fcall", "fcall_ro", "evalsha", "eval", "blpop", "rpush", "lpush", "function|load",
+    "script|load",
+)  # fmt: skip
+#: The calls that run the library's Lua (a Functions library, or scripts).
+_SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "eval")
+
+
+def _script_calls(commands: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """Calls and server µs of the library's Lua, on either path."""
+    pairs = [commands.get(cmd, (0, 0)) for cmd in _SCRIPT_COMMANDS]
+    return sum(c for c, _ in pairs), sum(u for _, u in pairs)
 
 
 def _commands_text(runs: Sequence[RunResult]) -> str:
@@ -349,7 +360,7 @@ def _commands_text(runs: Sequence[RunResult]) -> str:
         if cmd in total:
             calls, usec = total[cmd]
             text = f"{calls / grants:.2f} {cmd.upper()}"
-            if cmd in ("evalsha", "eval"):
+            if cmd in _SCRIPT_COMMANDS:
                 text += f" ({usec / calls:.0f} µs each)"
             parts.append(text)
     return " + ".join(parts) or "-"

@@ -9,6 +9,7 @@ from allocator.cli.bench.base import (
     _diff,
     _p,
     _per_grant,
+    _script_calls,
     _summary_dict,
     _us,
 )
@@ -67,7 +68,7 @@ class Uncontended(BenchBase):
         for _ in range(extra):
             script()
         stats2 = self.command_stats()
-        lib_calls, lib_usec = _diff(stats0, stats1).get("evalsha", (0, 0))
+        lib_calls, lib_usec = _script_calls(_diff(stats0, stats1))
         one_calls, one_usec = _diff(stats1, stats2).get("evalsha", (0, 0))
         lib_script_us = lib_usec / lib_calls if lib_calls else None
         one_script_us = one_usec / one_calls if one_calls else None
