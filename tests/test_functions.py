@@ -2,13 +2,13 @@
 once per server and called with FCALL where the server has Functions; the
 scripts (EVALSHA) where it, the client or the user's ACL has none. The
 rest of the suite runs on whichever path the server gives (Functions on
-Redis 7 and Valkey, scripts on Redis 6.2); `.ci/run` also runs a part of
-it with ``ALLOCATOR_FUNCTIONS=0``.
+Redis 7 and Valkey, scripts on Redis 6.2, the last run of `.ci/run`'s
+matrix). A storm of FUNCTION FLUSH is in tests/test_errors.py, beside the
+storm of SCRIPT FLUSH.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import redis
-from redis.exceptions import ResponseError
 
 from allocator import FairAllocator
 from allocator._scripts import (
@@ -30,8 +29,6 @@ from allocator._scripts import (
 )
 
 pytestmark = pytest.mark.real_redis
-
-CTX = multiprocessing.get_context("spawn")
 
 
 def has_functions(client: Any) -> bool:
@@ -85,45 +82,6 @@ def test_a_server_with_functions_runs_the_library(client: Any, pool_name: str) -
     # count), acquire, release.
     assert after["fcall"] - before["fcall"] in (3, 4)
     assert client.function_list(library=f"allocator_{scripts().version}")
-
-
-def flusher(url: str, stop: Any, ready: Any) -> None:
-    client = redis.Redis.from_url(url)
-    ready.set()
-    while not stop.value:
-        client.function_flush()
-        client.script_flush()
-
-
-def test_a_storm_of_function_flushes_never_reaches_the_caller(
-    client: Any, redis_url: str, pool_name: str
-) -> None:
-    """The library lost between two calls (a restart, a failover, FUNCTION
-    FLUSH) is loaded again within the call."""
-    pool = FairAllocator(client, pool_name)
-    pool.extend(["a", "b"])
-    stop, ready = CTX.RawValue("i", 0), CTX.Event()
-    storm = [CTX.Process(target=flusher, args=(redis_url, stop, ready)) for _ in range(2)]
-    for proc in storm:
-        proc.start()
-    try:
-        assert ready.wait(30)
-        failures = []
-        for _ in range(300):
-            try:
-                lease = pool.acquire(timeout=30)
-                lease = pool.renew(lease)
-                assert pool.release(lease)
-            except ResponseError as exc:
-                failures.append(exc)
-        assert not failures, f"{len(failures)} calls failed: {failures[:3]}"
-    finally:
-        stop.value = 1
-        for proc in storm:
-            proc.join(30)
-    assert scripts().mode(client) == FUNCTIONS
-    status = pool.status()
-    assert (status.free, status.leased, status.waiting) == (2, 0, 0)
 
 
 def test_a_user_whose_acl_refuses_fcall_runs_the_scripts(
