@@ -47,7 +47,7 @@ if not ticket then
     ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'b', bind,
       'B', bind_ttl)
   end
-  local best = redis.call('ZRANGE', P.FREE, 0, 0)[1]
+  local best = redis.call('ZRANGE', P.FREE, '0', '0')[1]
   if not ahead and best then
     -- Nobody waits: the caller is the head. The uncontended case ends here.
     local t = {id = ticket, l = lid, c = cid, t = ttl, B = bind_ttl}
@@ -56,12 +56,21 @@ if not ticket then
     end
     return P.lease_reply(P:grant(t, best, lid))
   end
-  if ahead and not best then
-    -- Others wait and nothing is free: the caller just joins the line (only
-    -- the head is ever told anything; a release serves the queue).
+  if not best then
+    if ahead then
+      -- Others wait and nothing is free: the caller just joins the line
+      -- (only the head is ever told anything; a release serves the queue).
+      redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
+      redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+      return {'queued', ticket, -1}
+    end
+    -- Nobody waits and nothing is free: the caller is the head, and only
+    -- learns when to look again (what dispatch would find, without looking
+    -- at the queue and the free set again).
+    P:hint({id = ticket, l = lid, c = cid}, lid)
     redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
     redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
-    return {'queued', ticket, -1}
+    return {'queued', ticket, P.self_hint or -1}
   end
 end
 

@@ -98,7 +98,7 @@ if #entries >= count then
 end
 
 -- 3. Bindings past their ttl, and liveness marks that ran out.
-local expired = redis.call('ZRANGEBYSCORE', P.BEXP, '-inf', P.now, 'LIMIT', 0, count)
+local expired = redis.call('ZRANGEBYSCORE', P.BEXP, '-inf', P.now, 'LIMIT', '0', count)
 for _, name in ipairs(expired) do
   redis.call('HDEL', P.BIND, name)
   redis.call('ZREM', P.BEXP, name)
@@ -106,7 +106,7 @@ end
 if #expired >= count then
   more = 1
 end
-local gone = redis.call('ZRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now, 'LIMIT', 0, count)
+local gone = redis.call('ZRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now, 'LIMIT', '0', count)
 for _, cid in ipairs(gone) do
   redis.call('DEL', P.SIG .. cid)
   redis.call('ZREM', P.ALIVE, cid)

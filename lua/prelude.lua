@@ -43,14 +43,14 @@ local P = {
 
 -- Every deadline is on the server's clock. Scripts are replicated by their
 -- effects, so reading TIME here is safe. `now_s` is the time in us as an
--- exact string (Lua's own conversion keeps only 14 digits), `stamp` the same
--- time as the fixed-width hex that orders FREE.
+-- exact string (Lua's own conversion keeps only 14 digits), made without a
+-- string.format: every number formatted costs a printf (~2-5k instructions),
+-- and most runs need none (see P:now_stamp).
 do
   local t = redis.call('TIME')
   P.now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   P.now = math.floor(P.now_us / 1000)
-  P.now_s = t[1] .. string.format('%06d', tonumber(t[2]))
-  P.stamp = string.format('%014x', P.now_us)
+  P.now_s = t[1] .. string.sub('00000' .. t[2], -6)
 end
 
 -- @helpers: above, the state of one call; below, the helpers. As a script
@@ -62,6 +62,17 @@ end
 ---------------------------------------------------------------------------
 -- Resources
 ---------------------------------------------------------------------------
+
+-- The time as the fixed-width hex that orders FREE (and a rate log): made
+-- on first use, since only a run that frees or grants a resource needs it.
+function P:now_stamp()
+  local s = self.stamp
+  if not s then
+    s = string.format('%014x', self.now_us)
+    self.stamp = s
+  end
+  return s
+end
 
 -- cap|score|used|fence|state|until|stamp|rcount|rwin|rv
 -- Numbers the grant path needs are converted; the rest stay strings. A
@@ -107,7 +118,7 @@ function P:place(name, r, restamp)
     r.stamp = ''
   end
   if want and r.stamp == '' then
-    r.stamp = self.stamp
+    r.stamp = self:now_stamp()
     redis.call('ZADD', self.FREE, r.score, r.stamp .. name)
   end
 end
@@ -210,7 +221,7 @@ function P:count_wait(ticket)
   elseif w <= 60000 then f = 'w13'
   elseif w <= 300000 then f = 'w14'
   end
-  redis.call('HINCRBY', self.STATS, f, 1)
+  redis.call('HINCRBY', self.STATS, f, '1')
   if w > 0 then
     redis.call('HINCRBY', self.STATS, 'ws', w)
   end
@@ -231,7 +242,7 @@ function P:throttle_if_spent(name, r)
   if redis.call('ZLEXCOUNT', self.RLOG, lo, hi) < tonumber(r.rc) then
     return
   end
-  local oldest = redis.call('ZRANGEBYLEX', self.RLOG, lo, hi, 'LIMIT', 0, 1)[1]
+  local oldest = redis.call('ZRANGEBYLEX', self.RLOG, lo, hi, 'LIMIT', '0', '1')[1]
   local at = tonumber(string.sub(oldest, #name + 2, #name + 15), 16)
   self:park(name, r, 't', math.ceil((at + win) / 1000))
 end
@@ -287,7 +298,7 @@ end
 -- `key` is the signal list it was pushed to.
 function P:claim(lid, L, key)
   if L.pickup == '1' and redis.call('ZREM', self.PICK, lid) == 1 then
-    redis.call('LREM', key, 1, self.grant_msg(lid, L))
+    redis.call('LREM', key, '1', self.grant_msg(lid, L))
   end
 end
 
@@ -344,21 +355,21 @@ end
 -- Then leases past their deadline (EXP holds deadlines only).
 function P:reclaim(limit)
   local before = self.reclaimed
-  local picks = redis.call('ZRANGEBYSCORE', self.PICK, '-inf', self.now, 'LIMIT', 0, limit)
+  local picks = redis.call('ZRANGEBYSCORE', self.PICK, '-inf', self.now, 'LIMIT', '0', limit)
   for _, lid in ipairs(picks) do
     local L = self:lease_load(lid)
     if not L or L.pickup ~= '1' then
       redis.call('ZREM', self.PICK, lid)
     elseif self:alive(L.cid) then
       local key, msg = self.SIG .. L.cid, self.grant_msg(lid, L)
-      redis.call('LREM', key, 1, msg)
+      redis.call('LREM', key, '1', msg)
       redis.call('RPUSH', key, msg)
       self:schedule(self.PICK, self.now + self.PICKUP_MS, lid)
     else
       self:take_back(lid, L)
     end
   end
-  local due = redis.call('ZRANGEBYSCORE', self.EXP, '-inf', self.now, 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', self.EXP, '-inf', self.now, 'LIMIT', '0', limit)
   for _, lid in ipairs(due) do
     local L = self:lease_load(lid)
     if not L then
@@ -415,7 +426,7 @@ end
 -- Quarantines and rate throttles that ended: back into rotation, unless the
 -- rate budget is still spent (then parked again until it frees).
 function P:unpark(limit)
-  local due = redis.call('ZRANGEBYSCORE', self.PARK, '-inf', self.now, 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', self.PARK, '-inf', self.now, 'LIMIT', '0', limit)
   for _, name in ipairs(due) do
     redis.call('ZREM', self.PARK, name)
     local r = self:res_load(name)
@@ -499,10 +510,10 @@ end
 -- delivery is the queue order that META's `ld` tracks. A missing group
 -- (deleted, or a new stream) is created again.
 function P:deliver(id)
-  local ok = redis.pcall('XCLAIM', self.Q, 'g', 'd', 0, id, 'FORCE', 'JUSTID')
+  local ok = redis.pcall('XCLAIM', self.Q, 'g', 'd', '0', id, 'FORCE', 'JUSTID')
   if ok.err then
     redis.call('XGROUP', 'CREATE', self.Q, 'g', '0', 'MKSTREAM')
-    redis.call('XCLAIM', self.Q, 'g', 'd', 0, id, 'FORCE', 'JUSTID')
+    redis.call('XCLAIM', self.Q, 'g', 'd', '0', id, 'FORCE', 'JUSTID')
   end
   self.ld = id
   redis.call('HSET', self.META, 'ld', id)
@@ -515,7 +526,7 @@ function P:unhint(lid)
   local h = self.hinted
   if h[1] and string.sub(h[1], 1, #lid + 1) == lid .. '@' then
     if h[3] ~= '' then
-      redis.call('LREM', h[2], 1, h[3])
+      redis.call('LREM', h[2], '1', h[3])
     end
     redis.call('HDEL', self.META, 'hint', 'hintkey', 'hintmsg')
     self.hinted = {false, false, false}
@@ -535,7 +546,7 @@ end
 
 -- The earliest score in a zset of times (1e15: none).
 function P:first(key)
-  return tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2] or 1e15)
+  return tonumber(redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')[2] or 1e15)
 end
 
 -- The head cannot be served now: tell it when to look again, so that it
@@ -563,7 +574,7 @@ function P:hint(t, self_lid)
     return
   end
   if h[1] and h[3] ~= '' then
-    redis.call('LREM', h[2], 1, h[3])
+    redis.call('LREM', h[2], '1', h[3])
   end
   -- The caller's reply carries its hint: record it (so no script pushes it
   -- again) without pushing anything.
@@ -645,7 +656,7 @@ function P:grant(t, best, self_lid)
   r.fence = token
   r.used = r.used + 1
   if r.rc ~= '0' then
-    redis.call('ZADD', self.RLOG, 0, name .. '\0' .. self.stamp ..
+    redis.call('ZADD', self.RLOG, '0', name .. '\0' .. self:now_stamp() ..
       string.format('%014x', tonumber(token)))
     self:throttle_if_spent(name, r)
   end
@@ -657,7 +668,7 @@ function P:grant(t, best, self_lid)
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
     cid = t.c, pickup = '0', res = name,
   }
-  redis.call('ZADD', self.HELD, 0, name .. '\0' .. t.l)
+  redis.call('ZADD', self.HELD, '0', name .. '\0' .. t.l)
   self:count_wait(t.id)
   if t.l ~= self_lid then
     L.pickup = '1'
@@ -669,9 +680,9 @@ function P:grant(t, best, self_lid)
 
   if binding then
     if binding == 'hit' then
-      redis.call('HINCRBY', self.META, 'bhit', 1)
+      redis.call('HINCRBY', self.META, 'bhit', '1')
     else
-      redis.call('HINCRBY', self.META, 'bmiss', 1)
+      redis.call('HINCRBY', self.META, 'bmiss', '1')
       if binding == 'moved' then
         redis.call('HSET', self.BIND, t.b, name)
       end
@@ -695,7 +706,7 @@ function P:dispatch(self_lid)
   self:meta()
   local drops = 0
   while true do
-    local best = redis.call('ZRANGE', self.FREE, 0, 0)[1]
+    local best = redis.call('ZRANGE', self.FREE, '0', '0')[1]
     -- Nobody can be served: only the head needs telling, and (unless it is
     -- the caller) only of an event nearer than its heartbeat.
     if not best and not self_lid and self.nh > self.now + self.HORIZON_MS then
