@@ -39,6 +39,11 @@ local P = {
   reclaimed = 0, dropped = 0, more = false,
   -- Resource records read in this run, by name (false: not in the pool).
   records = {},
+  -- Set later in the run (the clock below; META by P:meta; P:hint,
+  -- P:now_stamp), named here so that the table is made at its full size:
+  -- growing it past 32 fields mid-run would rehash it (~10k instructions).
+  now_us = 0, now = 0, now_s = '', ld = false, nd = 0, nh = 0, hinted = false,
+  self_hint = false, stamp = false,
 }
 
 -- Every deadline is on the server's clock. Scripts are replicated by their
@@ -565,7 +570,14 @@ function P:hint(t, self_lid)
   local mine = t.l == self_lid
   if mine then
     self.self_hint = delay
-  elseif delay > self.HORIZON_MS then
+  end
+  -- Only a hint within the horizon is recorded: a later one is never
+  -- pushed, so there is nothing to guard against pushing twice (the caller
+  -- has its own in its reply; should another run come within the horizon
+  -- of the same time first, it pushes it once more, which costs the
+  -- waiter nothing). Most queued heads wait on a lease deadline far away:
+  -- they cost neither a record nor its removal at their grant.
+  if delay > self.HORIZON_MS then
     return
   end
   local tag = t.l .. '@' .. wake
