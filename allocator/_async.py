@@ -50,7 +50,15 @@ async def _step(
     """Same as the sync shell's ``_step``, awaitable."""
     if isinstance(step, Call):
         with no_client_retries():
-            commands = scripts.invoke(client, step.script, step.keys, step.args)
+            sent = None
+            if step.confirm is None:
+                command = scripts.known(client, step.script, step.keys, step.args)
+                if command is not None:
+                    try:
+                        return await client.execute_command(*command)
+                    except ResponseError as exc:
+                        sent = (command, exc)
+            commands = scripts.invoke(client, step.script, step.keys, step.args, sent)
             if step.confirm is not None:
                 return await _commands(client, _core.confirming(step, commands), step.keys[0])
             return await _commands(client, commands)

@@ -36,6 +36,7 @@ from typing import (
     Generic,
     NamedTuple,
     TypeVar,
+    cast,
 )
 
 import attrs
@@ -788,12 +789,12 @@ class Pool:
     # -- leases ---------------------------------------------------------------
 
     def _lease(self, lid: str, fields: list[Any]) -> Lease:
-        ticket, token, granted_us, deadline_ms, ttl_ms, resource = (_decode(f) for f in fields)
+        ticket, token, granted_us, deadline_ms, ttl_ms, resource = fields
         return Lease(
-            resource=resource,
+            resource=_decode(resource),
             token=int(token),
             id=lid,
-            ticket=ticket,
+            ticket=_decode(ticket),
             expires_at=int(deadline_ms) / 1000,
             ttl=int(ttl_ms) / 1000,
             granted_at=int(granted_us) / 1e6,
@@ -897,11 +898,13 @@ class Pool:
         Every script is safe to run again after a reply was lost. (A script
         the server no longer has never gets here: the shells run a call
         that meets NOSCRIPT again at once by the script's text, EVAL.)"""
-        retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
+        retrier = None  # made on the first failure: most calls never fail
         while True:
             try:
                 reply = yield call
             except Exception as exc:
+                if retrier is None:
+                    retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
                 delay = retrier.next_delay(exc)
                 if delay is None:
                     raise
@@ -963,7 +966,10 @@ class Pool:
         holder = _owner(owner)
         lid = secrets.token_urlsafe(16)
         steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder, None)
-        return Acquire(lid=lid, steps=_one(steps))
+        # One flow for both kinds; a single acquire only ever returns one
+        # lease (no wrapper generator: every level of `yield from` costs
+        # each step of the hot path).
+        return Acquire(lid=lid, steps=cast("Flow[Lease | None]", steps))
 
     def acquire_many(
         self,
@@ -986,7 +992,7 @@ class Pool:
         holder = _owner(owner)
         lid = secrets.token_urlsafe(16)
         steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, holder, number)
-        return AcquireMany(lid=lid, count=number, steps=_many(steps))
+        return AcquireMany(lid=lid, count=number, steps=cast("Flow[list[Lease] | None]", steps))
 
     def _acquire(
         self,
@@ -1027,9 +1033,7 @@ class Pool:
                 (lid, cid, ttl_ms, alive_ms, flag, count, owner),
                 lambda reply: self._state("acquire_many", lid, reply),
             )
-        poll: Call[State] = Call(
-            "poll", own, (lid, cid, alive_ms, *many), lambda reply: self._state("poll", lid, reply)
-        )
+        poll: Call[State] | None = None  # made when first needed: most acquires never wait
         # Grants of acquire_many pushed one lease at a time, by lease id.
         got: dict[str, Lease] = {}
         deleted = False
@@ -1038,7 +1042,9 @@ class Pool:
 
         def attempt(call: Call[State]) -> Flow[State]:
             try:
-                return (yield from self._look(call, deadline))
+                if not self.min_replicas:
+                    return (yield from self._retrying(call, deadline=deadline))
+                return (yield from self._look_confirmed(call, deadline))
             except Exception as exc:
                 if blocking and timeout is not None and is_transient(exc):
                     # Out of time while the server was unreachable: the
@@ -1115,6 +1121,13 @@ class Pool:
                         raise AcquireTimeout(self.name, time.monotonic() - started)
                     elif seen == RECHECK:
                         break
+                if poll is None:
+                    poll = Call(
+                        "poll",
+                        own,
+                        (lid, cid, alive_ms, *many),
+                        lambda reply: self._state("poll", lid, reply),
+                    )
                 state = yield from attempt(poll)
         except GeneratorExit:
             raise
@@ -1130,12 +1143,10 @@ class Pool:
                 yield from self._retrying(cancel, attempts=1)
             raise
 
-    def _look(self, call: Call[State], deadline: float | None) -> Flow[State]:
-        """Run an acquire or poll call. With ``min_replicas``, a grant in its
-        reply counts only once confirmed: else it is released and
+    def _look_confirmed(self, call: Call[State], deadline: float | None) -> Flow[State]:
+        """Run an acquire or poll call with ``min_replicas``: a grant in its
+        reply counts only once confirmed, else it is released and
         :class:`NotReplicated` raised."""
-        if not self.min_replicas:
-            return (yield from self._retrying(call, deadline=deadline))
         state, replicas = yield from self._retrying(self._confirmed(call), deadline=deadline)
         if isinstance(state, Lease) and replicas < self.min_replicas:
             raise (yield from self._give_back(state, replicas))
@@ -1532,20 +1543,6 @@ class AcquireMany:
     lid: str
     count: int
     steps: Flow[list[Lease] | None] = attrs.field(repr=False)
-
-
-def _one(steps: Flow[Lease | list[Lease] | None]) -> Flow[Lease | None]:
-    result = yield from steps
-    if isinstance(result, list):  # pragma: no cover - only acquire_many gets lists
-        raise AllocatorError("unexpected leases for a single acquire")
-    return result
-
-
-def _many(steps: Flow[Lease | list[Lease] | None]) -> Flow[list[Lease] | None]:
-    result = yield from steps
-    if isinstance(result, Lease):  # pragma: no cover - the flow never returns one here
-        raise AllocatorError("unexpected single lease for acquire_many")
-    return result
 
 
 # --------------------------------------------------------------------------

@@ -179,18 +179,40 @@ class Scripts:
             return SCRIPTS
         return self._modes.get(client)
 
+    def known(self, client: Any, op: str, keys: Any, args: Any) -> tuple[Any, ...] | None:
+        """The one command that runs ``op`` on ``client`` once the client's
+        way is known (FCALL, FCALL_RO or EVALSHA), or None before its first
+        call. A shell sends it at once, the common case; should it fail,
+        :meth:`invoke` takes over from that failure (``sent``)."""
+        mode = self.mode(client)
+        if mode is None:
+            return None
+        if mode == FUNCTIONS:
+            verb = "FCALL_RO" if op in READ_ONLY else "FCALL"
+            return (verb, self.function[op], len(keys), *keys, *args)
+        return ("EVALSHA", self.sha[op], len(keys), *keys, *args)
+
     def invoke(
-        self, client: Any, op: str, keys: Any, args: Any
+        self,
+        client: Any,
+        op: str,
+        keys: Any,
+        args: Any,
+        sent: tuple[tuple[Any, ...], ResponseError] | None = None,
     ) -> Generator[tuple[Any, ...], Any, Any]:
         """The commands that run operation ``op`` on ``client``: a flow that
         yields each command's arguments, is sent its reply (or thrown its
         error) and returns the operation's reply. No I/O of its own: the
-        shells carry the commands out."""
+        shells carry the commands out. ``sent``: a command of :meth:`known`
+        that the shell sent already, and the error it met; the flow goes on
+        from there instead of sending it again."""
         n = len(keys)
         if self.mode(client) != SCRIPTS:
             verb = "FCALL_RO" if op in READ_ONLY else "FCALL"
             call = (verb, self.function[op], n, *keys, *args)
             try:
+                if sent is not None and sent[0] == call:
+                    raise sent[1]
                 reply = yield call
             except ResponseError as exc:
                 trouble = _functions_trouble(exc)
@@ -214,7 +236,10 @@ class Scripts:
                 self._modes[client] = FUNCTIONS
                 return reply
         try:
-            return (yield ("EVALSHA", self.sha[op], n, *keys, *args))
+            evalsha = ("EVALSHA", self.sha[op], n, *keys, *args)
+            if sent is not None and sent[0] == evalsha:
+                raise sent[1]
+            return (yield evalsha)
         except NoScriptError:
             # Flushed, restarted, failed over: run it by its text, which
             # caches it again. Unlike SCRIPT LOAD then EVALSHA, no flush can

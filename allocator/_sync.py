@@ -60,7 +60,15 @@ def _step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], _Reade
     for a Wait."""
     if isinstance(step, Call):
         with no_client_retries():
-            commands = scripts.invoke(client, step.script, step.keys, step.args)
+            sent = None
+            if step.confirm is None:
+                command = scripts.known(client, step.script, step.keys, step.args)
+                if command is not None:
+                    try:
+                        return client.execute_command(*command)
+                    except ResponseError as exc:
+                        sent = (command, exc)
+            commands = scripts.invoke(client, step.script, step.keys, step.args, sent)
             if step.confirm is not None:
                 send = _send_to_slot if is_cluster(client) else _send_pipelined
                 key = step.keys[0]
