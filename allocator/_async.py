@@ -508,14 +508,20 @@ class _Reader:
                     hub.succeeded()
                     hub.acked(acks)
                     now = self.loop.time()
+                    woke = False
                     for key, message in popped:
                         inbox, item, release = hub.route(key, message, now)
                         if inbox is not None:
                             inbox.put_nowait(item)
+                            woke = True
                         elif release is not None:
                             chore = self.loop.create_task(_drive(Pool._single(release), self._step))
                             self._chores.add(chore)
                             chore.add_done_callback(self._chores.discard)
+                    if woke:
+                        # The woken waiters run before this task prepares
+                        # its next round (the sync reader yields the GIL).
+                        await asyncio.sleep(0)
                 except Exception as exc:
                     await self._drop_connection()
                     if hub.idle:  # its client was closed under it, say

@@ -26,7 +26,7 @@ import _servers
 import pytest
 import redis
 from _workers import Proc
-from helpers import LoopThread, SyncView
+from helpers import LoopThread, SyncView, close_steppers
 
 from allocator import AsyncFairAllocator, FairAllocator
 from allocator._server import RedisServer, find_redis_server
@@ -86,6 +86,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"allocator test backend: {_DESCRIPTION}"
+
+
+@pytest.fixture(autouse=True)
+def _no_stepper_left() -> Iterator[None]:
+    """A test that drives an acquire step by step (helpers.Stepper) and
+    leaves it half-way must not leave its reader waiting for it."""
+    yield
+    close_steppers()
 
 
 @pytest.fixture(scope="session")

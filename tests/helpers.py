@@ -55,6 +55,15 @@ class Background:
         return not self._thread.is_alive()
 
 
+#: Every Stepper made by the running test; conftest closes them after it.
+_STEPPERS: list[Stepper] = []
+
+
+def close_steppers() -> None:
+    while _STEPPERS:
+        _STEPPERS.pop().close()
+
+
 class Stepper:
     """Drives an acquire flow of a sync FairAllocator one step at a time, so a
     test can put other events between any two steps. It is registered with
@@ -71,6 +80,7 @@ class Stepper:
             cid=self.reader.cid,
         )
         self.reader.register(pool._pool, self.flow.lid)
+        _STEPPERS.append(self)
         self.steps: list[Any] = []
         self.step: Any = self.flow.steps.send(None)
         self.done = False
@@ -81,7 +91,20 @@ class Stepper:
             self.step = self.flow.steps.throw(throw) if throw else self.flow.steps.send(send)
         except StopIteration as stop:
             self.done, self.value, self.step = True, stop.value, None
+            self.reader.unregister(self.flow.lid)
+        except BaseException:
+            # The flow raised: it is over, as the shell's acquire would be.
+            self.done, self.step = True, None
+            self.reader.unregister(self.flow.lid)
+            raise
         return self.step
+
+    def close(self) -> None:
+        """Leave the reader, as the shell does when an acquire returns: a
+        flow left half-way must not keep the reader waiting for it after
+        its test (a later test counts the server's blocked readers)."""
+        self.flow.steps.close()
+        self.reader.unregister(self.flow.lid)
 
     def run_step(self) -> Any:
         """Carry out the current step for real and move to the next."""
