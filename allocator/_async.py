@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
-from ._core import Call, Command, Flow, Pool, Step, Wait
+from ._core import Beat, Call, Command, Deliver, Exchange, Flow, Pool, ReaderStep, Step, Wait
 from ._scripts import Scripts, scripts
 from ._sync import heartbeat_for, is_cluster
 from ._transport import bound_client_retries, client_kind, no_client_retries
@@ -487,49 +487,21 @@ class _Reader:
             return self.hub.trouble
 
     async def _run(self) -> None:
-        hub = self.hub
+        rounds = self.hub.rounds(self.loop.time)
+        reply: Any = None
+        error: BaseException | None = None
         try:
-            while not hub.idle:
+            while True:
                 try:
-                    if hub.beat_in(self.loop.time()) <= 0:
-                        beats = hub.beats()
-                        results = [
-                            (key, await _call(self._client, self._scripts, call))
-                            for key, call in beats
-                        ]
-                        inboxes, again = hub.beaten(self.loop.time(), results)
-                        for inbox in inboxes:
-                            inbox.put_nowait(_core.RECHECK)
-                        if again:
-                            continue
-                    acks, keys = hub.plan()
-                    block = max(0.01, hub.beat_in(self.loop.time()))
-                    popped = await self._exchange(acks, keys, block)
-                    hub.succeeded()
-                    hub.acked(acks)
-                    now = self.loop.time()
-                    woke = False
-                    for key, message in popped:
-                        inbox, item, release = hub.route(key, message, now)
-                        if inbox is not None:
-                            inbox.put_nowait(item)
-                            woke = True
-                        elif release is not None:
-                            chore = self.loop.create_task(_drive(Pool._single(release), self._step))
-                            self._chores.add(chore)
-                            chore.add_done_callback(self._chores.discard)
-                    if woke:
-                        # The woken waiters run before this task prepares
-                        # its next round (the sync reader yields the GIL).
-                        await asyncio.sleep(0)
-                except Exception as exc:
+                    step = rounds.send(reply) if error is None else rounds.throw(error)
+                except StopIteration:
+                    return
+                reply, error = None, None
+                try:
+                    reply = await self._carry(step)
+                except Exception as exc:  # handed to the loop, which decides
                     await self._drop_connection()
-                    if hub.idle:  # its client was closed under it, say
-                        return
-                    pause, inboxes = hub.failed(exc)
-                    for inbox in inboxes:
-                        inbox.put_nowait(_core.RECHECK)
-                    await asyncio.sleep(pause)
+                    error = exc
         except asyncio.CancelledError:
             # The loop is shutting down: a read cut short leaves its
             # connection unusable.
@@ -539,6 +511,30 @@ class _Reader:
             if self._task is asyncio.current_task():
                 self._task = None
             await self._release_connection()
+
+    async def _carry(self, step: ReaderStep) -> Any:
+        """Same as the sync reader's, awaitable; a release runs as a task
+        of its own, so that the round goes on meanwhile."""
+        if isinstance(step, Exchange):
+            return await self._exchange(step.acks, step.keys, step.block)
+        if isinstance(step, Beat):
+            return [
+                (key, await _call(self._client, self._scripts, call)) for key, call in step.calls
+            ]
+        if isinstance(step, Deliver):
+            for inbox, item in step.items:
+                inbox.put_nowait(item)
+            for call in step.releases:
+                chore = self.loop.create_task(_drive(Pool._single(call), self._step))
+                self._chores.add(chore)
+                chore.add_done_callback(self._chores.discard)
+            if step.items:
+                # The woken waiters run before this task prepares its next
+                # round (the sync reader yields the GIL).
+                await asyncio.sleep(0)
+            return None
+        await asyncio.sleep(step.seconds)
+        return None
 
     async def _step(self, step: Step) -> Any:
         return await _step(self._client, self._scripts, step, None)

@@ -428,6 +428,35 @@ Step = Call[Any] | Wait | Sleep | Command
 Flow = Generator[Step, Any, T]
 
 
+class Beat(NamedTuple):
+    """A reader's heartbeat: run each pool's poll call (``(key, call)``, no
+    retries of its own); send back the ``(key, parsed reply)`` pairs."""
+
+    calls: list[tuple[str, Call[Any]]]
+
+
+class Exchange(NamedTuple):
+    """A reader's round trip (:func:`round_commands`): acknowledge, block
+    on ``keys`` up to ``block`` seconds, pop; send back the popped
+    ``(key, message)`` pairs."""
+
+    acks: list[tuple[str, list[str]]]
+    keys: list[str]
+    block: float
+
+
+class Deliver(NamedTuple):
+    """Put each ``(inbox, item)`` in its waiter's inbox, release each grant
+    whose waiter left (``Pool._single(call)``), then let the woken waiters
+    run before the reader goes on."""
+
+    items: list[tuple[Any, Any]]
+    releases: list[Call[Any]]
+
+
+ReaderStep = Beat | Exchange | Deliver | Sleep
+
+
 # --------------------------------------------------------------------------
 # Confirming writes on replicas (CONTRACT.md section 9)
 # --------------------------------------------------------------------------
@@ -1757,6 +1786,47 @@ class Hub:
 
     def _silent(self, now: float) -> float:
         return 0.0 if self._last_beat is None else now - self._last_beat
+
+    # -- the loop -------------------------------------------------------------
+
+    def rounds(self, clock: Callable[[], float]) -> Generator[ReaderStep, Any, None]:
+        """A reader's loop, for both shells: it yields each step for the
+        shell to carry out (its thread or task, its connection) and is sent
+        the step's result, or thrown the error of a Beat, an Exchange or a
+        release. It ends when nothing is left to wait for or acknowledge.
+        The sync shell holds its lock while the loop runs, and not while a
+        step is carried out. ``clock``: monotonic seconds."""
+        while not self.idle:
+            try:
+                if self.beat_in(clock()) <= 0:
+                    results = yield Beat(self.beats())
+                    inboxes, again = self.beaten(clock(), results)
+                    if inboxes:
+                        yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
+                    if again:
+                        continue
+                acks, keys = self.plan()
+                popped = yield Exchange(acks, keys, max(0.01, self.beat_in(clock())))
+                self.succeeded()
+                self.acked(acks)
+                now = clock()
+                items: list[tuple[Any, Any]] = []
+                releases: list[Call[Any]] = []
+                for key, message in popped:
+                    inbox, item, release = self.route(key, message, now)
+                    if inbox is not None:
+                        items.append((inbox, item))
+                    elif release is not None:
+                        releases.append(release)
+                if items or releases:
+                    yield Deliver(items, releases)
+            except Exception as exc:
+                if self.idle:  # its client was closed under it, say
+                    return
+                pause, inboxes = self.failed(exc)
+                if inboxes:
+                    yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
+                yield Sleep(pause)
 
     def _remember(self, served: _Served, lid: str) -> None:
         served.acks.append(lid)

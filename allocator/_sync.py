@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _core
-from ._core import Call, Command, Flow, Pool, Step, Wait
+from ._core import Beat, Call, Command, Deliver, Exchange, Flow, Pool, ReaderStep, Step, Wait
 from ._scripts import Scripts, scripts
 from ._transport import bound_client_retries, client_kind, no_client_retries
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
@@ -574,55 +574,47 @@ class _Reader:
     # -- the thread -----------------------------------------------------------
 
     def _run(self) -> None:
-        hub = self.hub
+        rounds = self.hub.rounds(time.monotonic)
+        reply: Any = None
+        error: BaseException | None = None
         try:
             while True:
+                with self._lock:
+                    try:
+                        step = rounds.send(reply) if error is None else rounds.throw(error)
+                    except StopIteration:
+                        self._thread = None
+                        return
+                reply, error = None, None
                 try:
-                    with self._lock:
-                        if hub.idle:
-                            self._thread = None
-                            return
-                        beats = hub.beats() if hub.beat_in(time.monotonic()) <= 0 else []
-                    if beats:
-                        results = [(key, _call(self._client, self._scripts, c)) for key, c in beats]
-                        with self._lock:
-                            inboxes, again = hub.beaten(time.monotonic(), results)
-                        for inbox in inboxes:
-                            inbox.put(_core.RECHECK)
-                        if again:
-                            continue
-                    with self._lock:
-                        acks, keys = hub.plan()
-                        block = max(0.01, hub.beat_in(time.monotonic()))
-                    popped = self._exchange(acks, keys, block)
-                    with self._lock:
-                        hub.succeeded()
-                        hub.acked(acks)
-                        now = time.monotonic()
-                        routes = [hub.route(key, message, now) for key, message in popped]
-                    woke = False
-                    for inbox, item, release in routes:
-                        if inbox is not None:
-                            inbox.put(item)
-                            woke = True
-                        elif release is not None:
-                            _drive(Pool._single(release), self._step)
-                    if woke:
-                        # Let the woken waiters take the GIL before this
-                        # thread prepares its next round: a grant reaches
-                        # its caller sooner (docs/performance.md).
-                        time.sleep(0)
-                except Exception as exc:
+                    reply = self._carry(step)
+                except Exception as exc:  # handed to the loop, which decides
                     self._drop_connection()
                     if self._closing:
                         return
-                    with self._lock:
-                        pause, inboxes = hub.failed(exc)
-                    for inbox in inboxes:
-                        inbox.put(_core.RECHECK)
-                    time.sleep(pause)
+                    error = exc
         finally:
             self._release_connection()
+
+    def _carry(self, step: ReaderStep) -> Any:
+        """Carry out a step of the hub's loop (:meth:`~allocator._core.Hub.rounds`)."""
+        if isinstance(step, Exchange):
+            return self._exchange(step.acks, step.keys, step.block)
+        if isinstance(step, Beat):
+            return [(key, _call(self._client, self._scripts, call)) for key, call in step.calls]
+        if isinstance(step, Deliver):
+            for inbox, item in step.items:
+                inbox.put(item)
+            for call in step.releases:
+                _drive(Pool._single(call), self._step)
+            if step.items:
+                # Let the woken waiters take the GIL before this thread
+                # prepares its next round: a grant reaches its caller
+                # sooner (docs/performance.md).
+                time.sleep(0)
+            return None
+        time.sleep(step.seconds)
+        return None
 
     def _step(self, step: Step) -> Any:
         return _step(self._client, self._scripts, step, None)
