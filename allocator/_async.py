@@ -528,10 +528,6 @@ class _Reader:
                 chore = self.loop.create_task(_drive(Pool._single(call), self._step))
                 self._chores.add(chore)
                 chore.add_done_callback(self._chores.discard)
-            if step.items:
-                # The woken waiters run before this task prepares its next
-                # round (the sync reader yields the GIL).
-                await asyncio.sleep(0)
             return None
         await asyncio.sleep(step.seconds)
         return None

@@ -607,11 +607,6 @@ class _Reader:
                 inbox.put(item)
             for call in step.releases:
                 _drive(Pool._single(call), self._step)
-            if step.items:
-                # Let the woken waiters take the GIL before this thread
-                # prepares its next round: a grant reaches its caller
-                # sooner (docs/performance.md).
-                time.sleep(0)
             return None
         time.sleep(step.seconds)
         return None
