@@ -3,6 +3,12 @@ path: redis-server runs under callgrind (instruction counts do not depend on
 what else the machine does), the counters are zeroed before each phase and
 dumped after it.
 
+Columns: a PING; an uncontended ``acquire`` + ``release``; a ``renew``; and a
+handoff: one grant passed from one client to another, driven step by step
+in this thread (the waiter's ``acquire`` that queues, the holder's
+``release`` that grants and pushes, the waiter's pop of its grant and its
+acknowledgement), so that no reader thread and no heartbeat adds to it.
+
     python docs/scripts/callgrind_cost.py [N]
 
 Needs valgrind (callgrind_control) and redis-server on PATH. About a minute.
@@ -22,6 +28,7 @@ from collections.abc import Callable
 import redis
 
 from allocator import FairAllocator, Lease
+from allocator._core import KEY_SUFFIXES
 from allocator._scripts import scripts
 
 
@@ -29,6 +36,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class Handoff:
+    """Two clients hand one resource back and forth, one grant per call of
+    :meth:`once`, each waiter driven through its acquire flow by hand."""
+
+    def __init__(self, port: int, name: str) -> None:
+        self.sides = [
+            (FairAllocator(client, name), client, f"cg-client-{i}")
+            for i, client in enumerate((redis.Redis(port=port), redis.Redis(port=port)))
+        ]
+        self.sides[0][0].extend(["only"])
+        self.pick = self.sides[0][0]._pool.keys[KEY_SUFFIXES.index("pick")]
+        self.held = self.sides[0][0].acquire(timeout=10)
+        self.holder = 0
+        for _ in range(20):
+            self.once()
+
+    def once(self) -> None:
+        waiter, client, cid = self.sides[1 - self.holder]
+        flow = waiter._pool.acquire(None, None, None, True, cid=cid)
+        step = flow.steps.send(None)  # the acquire call: it queues
+        step = flow.steps.send(waiter._step(step))  # now it would wait
+        self.sides[self.holder][0].release(self.held)  # grants, pushes
+        message = client.lpop(waiter._pool.signal_key(cid))
+        client.zrem(self.pick, flow.lid)  # what the reader acknowledges
+        try:
+            flow.steps.send(message)
+        except StopIteration as stop:
+            self.held = stop.value
+        else:
+            raise AssertionError("the pushed grant did not end the acquire")
+        self.holder = 1 - self.holder
 
 
 def main() -> None:
@@ -63,7 +103,10 @@ def main() -> None:
                         return int(line.split()[1]) / n
             return float("nan")
 
-        print(f"{'path':<10} {'PING':>8} {'acquire+release':>16} {'renew':>8}   (instructions)")
+        print(
+            f"{'path':<10} {'PING':>8} {'acquire+release':>16} {'renew':>8} {'handoff':>8}"
+            "   (instructions)"
+        )
         for path in ("scripts", "functions"):
             scripts().enabled = path == "functions"
             own = redis.Redis(port=port)
@@ -82,7 +125,9 @@ def main() -> None:
             ping = measure(own.ping)
             cycle = measure(cycle_once)
             renew = measure(renew_once)
-            print(f"{path:<10} {ping:>8,.0f} {cycle:>16,.0f} {renew:>8,.0f}")
+            pool.release(held)
+            handoff = measure(Handoff(port, f"cg-{path}-handoff").once)
+            print(f"{path:<10} {ping:>8,.0f} {cycle:>16,.0f} {renew:>8,.0f} {handoff:>8,.0f}")
             own.close()
     finally:
         server.terminate()
