@@ -220,6 +220,14 @@ class AsyncFairAllocator:
     def _reader(self) -> _Reader:
         return reader_for(self._client, self._pool)
 
+    async def _drive_waiting(self, reader: _Reader, lid: str, steps: Flow[T]) -> T:
+        """Same as the sync shell's, awaitable."""
+        reader.register(self._pool, lid)
+        try:
+            return await self._drive(steps)
+        finally:
+            reader.unregister(lid)
+
     # -- leasing --------------------------------------------------------------
 
     @overload
@@ -257,11 +265,7 @@ class AsyncFairAllocator:
         Cancelling the task leaves the queue."""
         reader = self._reader()
         flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid, owner=owner)
-        reader.register(self._pool, flow.lid)
-        try:
-            return await self._drive(flow.steps)
-        finally:
-            reader.unregister(flow.lid)
+        return await self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -327,11 +331,7 @@ class AsyncFairAllocator:
         task leaves the queue."""
         reader = self._reader()
         flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=reader.cid, owner=owner)
-        reader.register(self._pool, flow.lid)
-        try:
-            return await self._drive(flow.steps)
-        finally:
-            reader.unregister(flow.lid)
+        return await self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.asynccontextmanager
     async def lease_many(

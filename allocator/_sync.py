@@ -217,6 +217,15 @@ class FairAllocator:
     def _reader(self) -> _Reader:
         return reader_for(self._client, self._pool)
 
+    def _drive_waiting(self, reader: _Reader, lid: str, steps: Flow[T]) -> T:
+        """Drive an acquire's flow with its waiter ``lid`` known to the
+        reader (messages for it are routed to it) until the flow ends."""
+        reader.register(self._pool, lid)
+        try:
+            return self._drive(steps)
+        finally:
+            reader.unregister(lid)
+
     # -- leasing --------------------------------------------------------------
 
     @overload
@@ -266,11 +275,7 @@ class FairAllocator:
         """
         reader = self._reader()
         flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid, owner=owner)
-        reader.register(self._pool, flow.lid)
-        try:
-            return self._drive(flow.steps)
-        finally:
-            reader.unregister(flow.lid)
+        return self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.contextmanager
     def lease(
@@ -355,11 +360,7 @@ class FairAllocator:
         """
         reader = self._reader()
         flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=reader.cid, owner=owner)
-        reader.register(self._pool, flow.lid)
-        try:
-            return self._drive(flow.steps)
-        finally:
-            reader.unregister(flow.lid)
+        return self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.contextmanager
     def lease_many(
