@@ -28,6 +28,7 @@ end
 
 P:maintain()
 
+local serve = true
 if not ticket then
   local ahead = P:waiting() > 0
   if blocking == '0' then
@@ -57,27 +58,24 @@ if not ticket then
     return P.lease_reply(P:grant(t, best, lid))
   end
   if not best then
-    if ahead then
-      -- Others wait and nothing is free: the caller just joins the line
-      -- (only the head is ever told anything; a release serves the queue).
-      redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
-      redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
-      return {'queued', ticket, -1}
+    -- Nothing is free, so there is nobody to serve. Others wait: the
+    -- caller just joins the line (only the head is ever told anything; a
+    -- release serves the queue). Nobody waits: the caller is the head, and
+    -- only learns when to look again (what dispatch would find, without
+    -- looking at the queue and the free set again).
+    if not ahead then
+      P:hint({id = ticket, l = lid, c = cid}, lid)
     end
-    -- Nobody waits and nothing is free: the caller is the head, and only
-    -- learns when to look again (what dispatch would find, without looking
-    -- at the queue and the free set again).
-    P:hint({id = ticket, l = lid, c = cid}, lid)
-    redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
-    redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
-    return {'queued', ticket, P.self_hint or -1}
+    serve = false
   end
 end
 
 -- Those ahead are served first, in order; if resources remain, so are we.
-L = P:dispatch(lid)
-if L then
-  return P.lease_reply(L)
+if serve then
+  L = P:dispatch(lid)
+  if L then
+    return P.lease_reply(L)
+  end
 end
 redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
 redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
