@@ -7,7 +7,7 @@
 """
 
 from ._async import AsyncFairAllocator
-from ._core import acl_key_pattern
+from ._core.keys import acl_key_pattern
 from ._scripts import load_functions
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus

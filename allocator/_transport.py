@@ -33,7 +33,15 @@ from typing import Any
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry as SyncRetry
 
-__all__ = ["bound_client_retries", "client_kind", "no_client_retries"]
+from ._core.liveness import HEARTBEAT
+
+__all__ = [
+    "bound_client_retries",
+    "client_kind",
+    "heartbeat_for",
+    "is_cluster",
+    "no_client_retries",
+]
 
 _ONE_TRY: contextvars.ContextVar[bool] = contextvars.ContextVar("allocator_one_try", default=False)
 
@@ -172,3 +180,19 @@ class no_client_retries:  # a class used as a function: `with no_client_retries(
 
     def __exit__(self, *exc: object) -> None:
         _ONE_TRY.reset(self._token)
+
+
+def heartbeat_for(client: Any) -> float:
+    """The longest blocking read that stays under the client's socket timeout."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:  # RedisCluster keeps them on its nodes manager
+        kwargs = getattr(getattr(client, "nodes_manager", None), "connection_kwargs", None) or {}
+    socket_timeout = kwargs.get("socket_timeout")
+    if isinstance(socket_timeout, (int, float)) and socket_timeout > 0:
+        return max(0.01, min(HEARTBEAT, socket_timeout / 2))
+    return HEARTBEAT
+
+
+def is_cluster(client: Any) -> bool:
+    """A Redis Cluster client (sync or asyncio)?"""
+    return hasattr(client, "nodes_manager")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from allocator import AsyncFairAllocator, FairAllocator
-from allocator._core import RECHECK, Call, Sleep, Wait
+from allocator._core.steps import RECHECK, Call, Sleep, Wait
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -212,7 +212,7 @@ def readers_quiet(*pools: Any, timeout: float = 10.0) -> None:
     waits for this, so that no reader outlives them and retries its last
     acknowledgement against a server that is gone (logging warnings into
     later tests)."""
-    from allocator._sync import reader_for
+    from allocator._sync_io import reader_for
 
     readers = [reader_for(pool.client, pool._pool) for pool in pools]
     wait_until(lambda: not any(r.reading for r in readers), timeout, "the readers to end")

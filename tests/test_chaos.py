@@ -36,7 +36,7 @@ from _workers import CTX, chaos_worker, server_now
 from helpers import wait_until
 
 from allocator import FairAllocator
-from allocator._core import ALIVE
+from allocator._core.liveness import ALIVE
 
 pytestmark = pytest.mark.real_redis
 

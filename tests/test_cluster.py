@@ -34,7 +34,8 @@ from helpers import LoopThread, SyncView, wait_until
 from redis.cluster import key_slot
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease, UnknownResource
-from allocator._core import Call, Pool
+from allocator._core.pool import Pool
+from allocator._core.steps import Call
 from allocator._scripts import OPERATIONS
 
 pytestmark = pytest.mark.real_redis

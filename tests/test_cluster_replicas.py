@@ -24,7 +24,8 @@ from helpers import readers_quiet, wait_until
 from redis.cluster import RedisCluster
 
 from allocator import AsyncFairAllocator, FairAllocator, Lease, NotReplicated
-from allocator._core import KEY_SUFFIXES, Pool
+from allocator._core.keys import KEY_SUFFIXES
+from allocator._core.pool import Pool
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.replicas]
 

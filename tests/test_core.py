@@ -27,9 +27,11 @@ from allocator import (
     PoolStatus,
     UnknownResource,
 )
-from allocator._core import Pool, _escape, _tagged
+from allocator._core.keys import _escape
+from allocator._core.pool import Pool
+from allocator._core.replies import _tagged
 from allocator._scripts import OPERATIONS, load_scripts
-from allocator._sync import heartbeat_for
+from allocator._transport import heartbeat_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -361,15 +363,16 @@ def test_a_reader_left_with_acknowledgements_on_a_gone_server_ends(monkeypatch: 
     keeps them."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from allocator import _core
+    from allocator._core import hub as hub_module
+    from allocator._core.liveness import ACK_GIVE_UP, HEARTBEAT
 
     clock = [1000.0]
-    monkeypatch.setattr(_core.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(hub_module.time, "monotonic", lambda: clock[0])
     pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
     down = RedisConnectionError("Connection refused")
 
     def hub_with_a_pending_ack() -> Any:
-        hub = _core.Hub(_core.HEARTBEAT)
+        hub = hub_module.Hub(HEARTBEAT)
         hub.register(pool, "lid-1", object())
         grant = "g|lid-1|1-0|7|1|60000|r"
         _inbox, item, _ = hub.route(pool.signal_key(hub.cid), grant, clock[0])
@@ -382,7 +385,7 @@ def test_a_reader_left_with_acknowledgements_on_a_gone_server_ends(monkeypatch: 
     hub.register(pool, "lid-2", object())
     for _ in range(3):
         hub.failed(down)
-        clock[0] += _core.ACK_GIVE_UP
+        clock[0] += ACK_GIVE_UP
         assert not hub.idle  # lid-2 waits: keep everything
     hub.unregister("lid-2")
     hub.failed(down)
@@ -390,9 +393,9 @@ def test_a_reader_left_with_acknowledgements_on_a_gone_server_ends(monkeypatch: 
 
     hub = hub_with_a_pending_ack()
     hub.failed(down)
-    clock[0] += _core.ACK_GIVE_UP / 2
+    clock[0] += ACK_GIVE_UP / 2
     hub.failed(down)
     assert not hub.idle  # may still save the holder's lease
-    clock[0] += _core.ACK_GIVE_UP / 2 + 0.1
+    clock[0] += ACK_GIVE_UP / 2 + 0.1
     hub.failed(down)
     assert hub.idle

@@ -31,14 +31,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
-from allocator._core import Sleep
+from allocator._core.steps import Sleep
 from allocator._scripts import FUNCTIONS, SCRIPTS, scripts
 from allocator._server import RedisServer
 
 pytestmark = pytest.mark.real_redis
 
 CTX = multiprocessing.get_context("spawn")
-#: allocator._core.MAX_SECONDS: the longest timeout (ten years).
+#: allocator._core.checks.MAX_SECONDS: the longest timeout (ten years).
 MAX_SECONDS = 10 * 365 * 24 * 3600.0
 
 
@@ -110,7 +110,7 @@ def test_acl_refusal_is_raised_at_once(pool_name: str, redis_url: str) -> None:
 def test_tls_failures_and_auth_errors_are_permanent() -> None:
     import ssl
 
-    from allocator._core import is_transient
+    from allocator._core.retry import is_transient
 
     try:
         raise ssl.SSLCertVerificationError(1, "certificate verify failed")
@@ -133,7 +133,7 @@ def test_retries_log_at_debug_and_a_long_outage_warns_once(
     server: RedisServer, pool_name: str, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
     _client, pool = stopped_pool(server, pool_name)
-    monkeypatch.setattr("allocator._core.OUTAGE_WARNING", 0.3)
+    monkeypatch.setattr("allocator._core.retry.OUTAGE_WARNING", 0.3)
     with caplog.at_level(logging.DEBUG, logger="allocator"):
         with pytest.raises(AcquireTimeout) as timed_out:
             pool.acquire(timeout=2.0)
@@ -380,7 +380,7 @@ def test_retries_back_off_with_jitter(server: RedisServer, pool_name: str) -> No
 
 
 def test_backoff_is_full_jitter_and_capped() -> None:
-    from allocator._core import Retrier
+    from allocator._core.retry import Retrier
 
     random.seed(8)
     retrier = Retrier("x", base=0.05, cap=1.0)

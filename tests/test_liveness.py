@@ -21,7 +21,9 @@ from _workers import Proc, leaser, server_now
 from helpers import Background, Stepper, wait_until
 
 from allocator import AsyncFairAllocator, FairAllocator, Lease
-from allocator._core import ALIVE_MS, KEY_SUFFIXES, Call, Wait
+from allocator._core.keys import KEY_SUFFIXES
+from allocator._core.liveness import ALIVE_MS
+from allocator._core.steps import Call, Wait
 
 pytestmark = pytest.mark.real_redis
 KEY = {suffix: i for i, suffix in enumerate(KEY_SUFFIXES)}

@@ -21,7 +21,9 @@ from allocator import AcquireTimeout, Lease, LeaseLost
 
 
 def test_core_reads_a_multi_grant_reply_and_its_messages() -> None:
-    from allocator._core import RECHECK, Hub, Pool
+    from allocator._core.hub import Hub
+    from allocator._core.pool import Pool
+    from allocator._core.steps import RECHECK
 
     pool = Pool.create("p", lease_ttl=1, bind_ttl=1, prefix="a")
     row = ["5-{}", "17950000000000{}", "1795357126155123", "1795357126215", "60000", "gpu|{}"]
@@ -60,7 +62,7 @@ def test_core_reads_a_multi_grant_reply_and_its_messages() -> None:
 
 
 def test_core_decides_what_the_exit_of_lease_many_raises() -> None:
-    from allocator._core import Pool
+    from allocator._core.pool import Pool
 
     pool = Pool.create("p", lease_ttl=1, bind_ttl=1, prefix="a")
     held = [
@@ -538,7 +540,7 @@ def test_a_grant_that_lost_a_lease_before_pickup_is_ended_whole(real: Any) -> No
     """If one lease of a pushed grant ends before its waiter took it (as an
     expiry would), the waiter never keeps the others: its next look ends
     them and queues again, and it is served whole."""
-    from allocator._core import Wait
+    from allocator._core.steps import Wait
 
     pool, raw = real
     pool.extend(["a", "b"])
@@ -583,7 +585,7 @@ def test_gc_drops_a_dead_multi_waiter_with_its_place_holders(
     from _many_workers import many_leaser
     from _workers import leaser
 
-    from allocator._core import ALIVE_MS
+    from allocator._core.liveness import ALIVE_MS
 
     pool, raw = real
     pool.extend(["a", "b", "c"])
@@ -721,7 +723,7 @@ def test_take_back_of_a_multi_grant_is_whole_even_one_check_at_a_time(
     count 1) still takes back every lease of the grant, not one of three."""
     from _many_workers import many_leaser
 
-    from allocator._core import Call
+    from allocator._core.steps import Call
 
     pool, raw = real
     pool.extend(["a", "b", "c"])
@@ -753,7 +755,7 @@ def test_take_back_of_a_multi_grant_is_whole_even_one_check_at_a_time(
 
 
 def test_the_largest_count_runs(factory: Any, pool_name: str) -> None:
-    from allocator._core import MAX_COUNT
+    from allocator._core.checks import MAX_COUNT
 
     pool = factory.pool(pool_name)
     pool.extend([f"r{i}" for i in range(MAX_COUNT)])

@@ -33,7 +33,7 @@ from _workers import CTX
 from helpers import wait_until
 
 from allocator import FairAllocator
-from allocator._core import ALIVE
+from allocator._core.liveness import ALIVE
 
 pytestmark = pytest.mark.real_redis
 

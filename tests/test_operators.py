@@ -21,7 +21,8 @@ from allocator import (
     PoolStats,
     UnknownResource,
 )
-from allocator._core import WAIT_BOUNDS, pool_names, pools_pattern
+from allocator._core.keys import pool_names, pools_pattern
+from allocator._core.replies import WAIT_BOUNDS
 
 
 def keys_of(raw: Any, pool: Any) -> list[str]:

@@ -19,7 +19,7 @@ import redis
 from helpers import Background, Stepper, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
-from allocator._core import Call, Wait
+from allocator._core.steps import Call, Wait
 
 
 @pytest.fixture(params=["redis", "fake"])

@@ -33,7 +33,8 @@ from _workers import Proc, first_report, gc_loop, lease_block, leaser, server_no
 from helpers import Background, wait_until
 
 from allocator import AsyncFairAllocator, FairAllocator, Lease, LeaseLost
-from allocator._core import ALIVE, KEY_SUFFIXES
+from allocator._core.keys import KEY_SUFFIXES
+from allocator._core.liveness import ALIVE
 from allocator._server import RedisServer
 
 pytestmark = pytest.mark.real_redis

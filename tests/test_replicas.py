@@ -26,7 +26,9 @@ from _workers import CTX
 from helpers import LoopThread, readers_quiet
 
 from allocator import AsyncFairAllocator, FairAllocator, LeaseLost, NotReplicated
-from allocator._core import KEY_SUFFIXES, Confirmed, Pool, confirm_commands, confirming
+from allocator._core.keys import KEY_SUFFIXES
+from allocator._core.pool import Pool
+from allocator._core.replicas import Confirmed, confirm_commands, confirming
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.replicas]
 
@@ -527,7 +529,8 @@ def test_core_confirms_a_pushed_grant_and_gives_back_an_unconfirmed_one() -> Non
     """The decision, without I/O: a grant pushed to a queued waiter is
     confirmed by a confirmed renew; confirmed by too few, it is released
     and NotReplicated raised (the shells only carry the steps out)."""
-    from allocator._core import Call, Confirmed, Wait
+    from allocator._core.replicas import Confirmed
+    from allocator._core.steps import Call, Wait
 
     pool = Pool.create(
         "p", lease_ttl=5, bind_ttl=5, prefix="alloc", min_replicas=1, replica_timeout=0.1

@@ -298,7 +298,7 @@ def _drop(client: Any, pool_name: str) -> None:
     The pool has no API for that (its fencing state must outlive its
     resources); this one was private to the run, so it can go.
     """
-    from allocator._core import Pool
+    from allocator._core.pool import Pool
 
     keys = Pool.create(pool_name, lease_ttl=60.0, bind_ttl=3600.0, prefix="alloc").keys
     client.delete(*(key for key in keys if not key.endswith(":s:")))

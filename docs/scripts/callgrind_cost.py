@@ -28,7 +28,7 @@ from collections.abc import Callable
 import redis
 
 from allocator import FairAllocator, Lease
-from allocator._core import KEY_SUFFIXES
+from allocator._core.keys import KEY_SUFFIXES
 from allocator._scripts import scripts
 
 

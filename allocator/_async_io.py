@@ -1,0 +1,316 @@
+"""Asyncio I/O for the core's steps: the same as :mod:`allocator._sync_io`,
+awaitable; the reader of one client and event loop is a task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Generator
+from typing import (
+    Any,
+    TypeVar,
+)
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_replies
+from ._core.liveness import HEARTBEAT
+from ._core.pool import Pool
+from ._core.replicas import confirming, moved
+from ._core.steps import Beat, Call, Command, Deliver, Exchange, Flow, ReaderStep, Step, Wait
+from ._scripts import Scripts, scripts
+from ._transport import (
+    heartbeat_for,
+    is_cluster,
+    no_client_retries,
+)
+
+__all__ = ["Reader", "drive", "reader_for", "run_call", "run_step"]
+
+_log = logging.getLogger("allocator")
+
+T = TypeVar("T")
+
+
+async def run_call(client: Any, scripts: Scripts, call: Call[T]) -> T:
+    """Run a script call and parse its reply (no retries: the caller's)."""
+    return call.parse(await run_step(client, scripts, call, None))
+
+
+async def run_step(
+    client: Any, scripts: Scripts, step: Step, reader: Callable[[], Reader] | None
+) -> Any:
+    """Same as the sync shell's ``_step``, awaitable."""
+    if isinstance(step, Call):
+        with no_client_retries():
+            sent = None
+            if step.confirm is None:
+                command = scripts.known(client, step.script, step.keys, step.args)
+                if command is not None:
+                    try:
+                        return await client.execute_command(*command)
+                    except ResponseError as exc:
+                        sent = (command, exc)
+            commands = scripts.invoke(client, step.script, step.keys, step.args, sent)
+            if step.confirm is not None:
+                return await _commands(client, confirming(step, commands), step.keys[0])
+            return await _commands(client, commands)
+    if isinstance(step, Wait):
+        assert reader is not None, "a Wait step needs a reader"
+        return await reader().wait(step.lid, step.timeout)
+    if isinstance(step, Command):
+        with no_client_retries():
+            return await client.execute_command(*step.args)
+    await asyncio.sleep(step.seconds)
+    return None
+
+
+async def _commands(client: Any, commands: Generator[Any, Any, Any], key: str = "") -> Any:
+    """Carry out the commands of one script call (``Scripts.invoke``; a
+    list of commands is a confirmed call's pipeline, see
+    ``_core.replicas.confirming``, for the slot of ``key``). A cancellation passes
+    straight through: the flow around decides."""
+    reply: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            args = commands.send(reply) if error is None else commands.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        reply, error = None, None
+        try:
+            if isinstance(args, list):
+                send = _send_to_slot if is_cluster(client) else _send_pipelined
+                reply = await send(client, args, key)
+            else:
+                reply = await client.execute_command(*args)
+        except Exception as exc:  # handed to the flow, which decides
+            error = exc
+
+
+async def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same as the sync shell's ``_send_pipelined``, awaitable."""
+    async with client.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+
+async def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same as the sync shell's ``_send_to_slot``: one connection to the
+    master of the pool's slot."""
+    await client.initialize()  # a no-op once the client knows the slots
+    node = client.get_node_from_key(key)
+    conn = node.acquire_connection()
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await conn.disconnect()
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            with contextlib.suppress(Exception):
+                await client.nodes_manager.initialize()
+        raise
+    finally:
+        release = getattr(node, "release", None)
+        if release is not None:
+            release(conn)
+        else:  # redis-py < 5.1: the node keeps its free connections itself
+            node._free.append(conn)
+    if moved(replies):
+        await client.nodes_manager.initialize()  # learn the new owner of the slot
+    return replies
+
+
+async def drive(steps: Flow[T], run: Callable[[Step], Awaitable[Any]]) -> T:
+    """Same as the sync shell's ``_drive``, awaitable."""
+    task = asyncio.current_task()
+    cancels = _cancelling(task)
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply, error = None, None
+        try:
+            reply = await run(step)
+            # redis-py's asyncio client finishes a command that a
+            # cancellation interrupted and returns its reply, swallowing
+            # the CancelledError (redis/redis-py#2028, #2666). The task
+            # still counts the request: deliver it, so that a cancelled
+            # acquire leaves the queue instead of waiting on.
+            if _cancelling(task) > cancels:
+                cancels = _cancelling(task)
+                raise asyncio.CancelledError()
+        except BaseException as exc:  # handed to the flow, which decides
+            error = exc
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> int:
+    """Cancellation requests pending on ``task`` (Python >= 3.11; else 0)."""
+    counter = getattr(task, "cancelling", None)
+    return int(counter()) if counter is not None else 0
+
+
+class Reader:
+    """Same as the sync shell's reader, as a task: the one blocking reader of
+    an asyncio Redis client in one event loop (of a cluster client: per hash
+    slot), for every pool whose waiters use that client. It ends when nobody
+    is left to wait or to acknowledge, after its current read (it is not
+    cancelled: a read cut short would cost the connection)."""
+
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._client = client
+        self._scripts = scripts()
+        self._cluster = is_cluster(client)
+        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
+        self._task: asyncio.Task[None] | None = None
+        self._chores: set[asyncio.Task[Any]] = set()
+        self._conn: Any = None
+
+    @property
+    def cid(self) -> str:
+        return self.hub.cid
+
+    def register(self, pool: Pool, lid: str) -> None:
+        self.hub.register(pool, lid, asyncio.Queue())
+
+    def unregister(self, lid: str) -> None:
+        self.hub.unregister(lid)
+
+    async def wait(self, lid: str, timeout: float | None) -> Any:
+        inbox = self.hub.inbox(lid)
+        if self._task is None:
+            self._task = self.loop.create_task(self._run())
+        try:
+            return await asyncio.wait_for(inbox.get(), timeout)
+        except TimeoutError:
+            return self.hub.trouble
+
+    async def _run(self) -> None:
+        rounds = self.hub.rounds(self.loop.time)
+        reply: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    step = rounds.send(reply) if error is None else rounds.throw(error)
+                except StopIteration:
+                    return
+                reply, error = None, None
+                try:
+                    reply = await self._carry(step)
+                except Exception as exc:  # handed to the loop, which decides
+                    await self._drop_connection()
+                    error = exc
+        except asyncio.CancelledError:
+            # The loop is shutting down: a read cut short leaves its
+            # connection unusable.
+            await self._drop_connection()
+            raise
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+            await self._release_connection()
+
+    async def _carry(self, step: ReaderStep) -> Any:
+        """Same as the sync reader's, awaitable; a release runs as a task
+        of its own, so that the round goes on meanwhile."""
+        if isinstance(step, Exchange):
+            return await self._exchange(step.acks, step.keys, step.block)
+        if isinstance(step, Beat):
+            return [
+                (key, await run_call(self._client, self._scripts, call)) for key, call in step.calls
+            ]
+        if isinstance(step, Deliver):
+            for inbox, item in step.items:
+                inbox.put_nowait(item)
+            for call in step.releases:
+                chore = self.loop.create_task(drive(Pool._single(call), self._step))
+                self._chores.add(chore)
+                chore.add_done_callback(self._chores.discard)
+            return None
+        await asyncio.sleep(step.seconds)
+        return None
+
+    async def _step(self, step: Step) -> Any:
+        return await run_step(self._client, self._scripts, step, None)
+
+    async def _exchange(
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
+    ) -> list[tuple[Any, Any]]:
+        """Same as the sync reader's round: one round trip."""
+        client = self._client
+        if self._cluster:
+            with no_client_retries():
+                for pick, lids in acks:
+                    await client.zrem(pick, *lids)
+                if not keys:
+                    return []
+                first = await client.blpop(keys, timeout=block)
+                rest = [(key, await client.lpop(key, BATCH)) for key in keys] if first else []
+            return popped(first, rest)
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await _get_connection(client.connection_pool)
+        commands = round_commands(acks, keys, block)
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response(timeout=block + READ_SLACK))
+            except ResponseError as exc:
+                replies.append(exc)
+        return round_replies(commands, replies)
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+            with contextlib.suppress(Exception):
+                await self._client.connection_pool.release(conn)
+
+    async def _release_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self._client.connection_pool.release(conn)
+
+
+async def _get_connection(pool: Any) -> Any:
+    """A connection of the client's own pool (redis-py < 5.3 wants a command name)."""
+    try:
+        return await pool.get_connection()
+    except TypeError:
+        return await pool.get_connection("BLPOP")
+
+
+_REGISTRY: weakref.WeakKeyDictionary[Any, dict[tuple[int, int | None], Reader]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def reader_for(client: Any, pool: Pool) -> Reader:
+    """The reader of ``client`` in the running event loop (of a cluster
+    client: for the pool's slot), made on first use."""
+    loop = asyncio.get_running_loop()
+    where = (id(loop), pool.slot if is_cluster(client) else None)
+    readers = _REGISTRY.setdefault(client, {})
+    reader = readers.get(where)
+    if reader is None or reader.loop is not loop:
+        reader = readers[where] = Reader(client, loop)
+    return reader

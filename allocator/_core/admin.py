@@ -1,0 +1,262 @@
+"""A pool's administration: adding and removing resources, bindings,
+quarantine, deletion, gc, and the read-only views (status, leases, stats).
+Each is a single call, or a bounded walk of single calls (extend and
+remove in chunks, gc by cursors)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .._values import GCReport, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
+from ..errors import AllocatorError, UnknownResource
+from .base import PoolBase
+from .checks import MAX_PRIORITY, MAX_RESOURCE, _ms, _resources, _seconds, _text
+from .replies import _decode, _tagged, _unexpected, stats_from_fields
+from .steps import Call, Flow
+
+_log = logging.getLogger("allocator")
+
+#: Resources per script run in extend/remove, so one huge call does not
+#: block the server for long; each run leaves the pool consistent.
+CHUNK = 500
+#: Entries per gc step.
+GC_COUNT = 100
+
+
+class Admin(PoolBase):
+    """Administration and views (see :class:`~.pool.Pool`)."""
+
+    __slots__ = ()
+
+    def extend(
+        self, resources: object, capacity: object, priority: object, rate: object
+    ) -> Flow[int]:
+        names = _resources(resources)
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
+        if not 1 <= capacity <= 2**31:
+            raise ValueError(f"capacity must be 1 to {2**31}, got {capacity}")
+        if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+            raise TypeError(f"priority must be a number, not {type(priority).__name__}")
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:  # also NaN, inf and 10**400
+            raise ValueError(
+                f"priority must be a finite number within +-{MAX_PRIORITY:.0e}, got {priority!r}"
+            )
+        score = repr(-priority) if isinstance(priority, float) else str(-priority)
+        count, window_ms = 0, 0
+        if rate is not None:
+            if not isinstance(rate, (tuple, list)) or len(rate) != 2:
+                raise TypeError("rate must be a (count, seconds) pair or None")
+            count = rate[0]
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise TypeError(f"rate count must be an int, not {type(count).__name__}")
+            if not 1 <= count <= 1_000_000:
+                raise ValueError(f"rate count must be 1 to 1000000, got {count}")
+            window_ms = _ms(_seconds("rate seconds", rate[1]))
+        return self._chunked("extend", names, (capacity, score, count, window_ms), "extended")
+
+    def remove(self, resources: object, force: object) -> Flow[int]:
+        names = _resources(resources)
+        if not isinstance(force, bool):
+            raise TypeError(f"force must be a bool, not {type(force).__name__}")
+        return self._chunked("remove", names, ("1" if force else "0",), "removed")
+
+    def _chunked(
+        self, op: str, names: list[str], head: tuple[str | int, ...], tag: str
+    ) -> Flow[int]:
+        def parse(reply: Any) -> int:
+            got, rest = _tagged(op, reply)
+            if got != tag or len(rest) != 1:
+                raise _unexpected(op, reply)
+            return int(rest[0])
+
+        yield from self._check_policy()
+        total = 0
+        for start in range(0, len(names), CHUNK):
+            call = Call(op, self.keys, head + tuple(names[start : start + CHUNK]), parse)
+            total += yield from self._single(call)
+        return total
+
+    def bind(self, name: object, resource: object) -> Flow[None]:
+        name = _text("name", name, MAX_RESOURCE)
+        resource = _text("resource", resource, MAX_RESOURCE)
+
+        def parse(reply: Any) -> None:
+            tag, rest = _tagged("bind", reply)
+            if tag == "unknown" and not rest:
+                raise UnknownResource(self.name, resource)
+            if tag != "bound" or rest:
+                raise _unexpected("bind", reply)
+
+        return self._single(Call("bind", self.keys, (name, resource, _ms(self.bind_ttl)), parse))
+
+    def unbind(self, name: object) -> Flow[bool]:
+        name = _text("name", name, MAX_RESOURCE)
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("unbind", reply)
+            if tag != "unbound" or len(rest) != 1:
+                raise _unexpected("unbind", reply)
+            return int(rest[0]) == 1
+
+        return self._single(Call("unbind", self.keys, (name,), parse))
+
+    def status(self) -> Flow[PoolStatus]:
+        yield from self._check_policy()
+        return (yield from self._single(Call("status", self.keys, (), self._parse_status)))
+
+    def _parse_status(self, reply: Any) -> PoolStatus:
+        tag, rest = _tagged("status", reply)
+        if tag != "status" or len(rest) < 7 or (len(rest) - 7) % 3:
+            raise _unexpected("status", reply)
+        now_us, exists, waiting, oldest_ms, bindings, hits, misses = (int(x) for x in rest[:7])
+        now_ms = now_us // 1000
+        rows = []
+        for i in range(7, len(rest), 3):
+            name, record = _decode(rest[i]), _decode(rest[i + 1])
+            cap, score, used, _fence, state, until, _stamp, rc, rw, _rv = record.split("|")
+            # The script wrote nothing: what a writer would handle first is
+            # accounted for here. Leases past their deadline are not live; a
+            # quarantine or throttle that ended is over.
+            capacity, leases = int(cap), max(int(used) - int(rest[i + 2]), 0)
+            parked = state in ("q", "t") and int(until) > now_ms
+            if state == "d":
+                shown = "draining"
+            elif parked:
+                shown = "quarantined"
+            else:
+                shown = "free" if leases < capacity else "leased"
+            rows.append(
+                ResourceStatus(
+                    name=name,
+                    capacity=capacity,
+                    priority=0.0 - float(score),
+                    leases=leases,
+                    state=shown,
+                    until=int(until) / 1000 if parked else None,
+                    throttled=parked and state == "t",
+                    rate=(int(rc), int(rw) / 1000) if int(rc) else None,
+                )
+            )
+        rows.sort(key=lambda row: row.name)
+        return PoolStatus(
+            name=self.name,
+            size=len(rows),
+            free=sum(1 for row in rows if row.state == "free"),
+            leased=sum(row.leases for row in rows),
+            waiting=max(waiting, 0),
+            resources=tuple(rows),
+            bindings=bindings,
+            bind_hits=hits,
+            bind_misses=misses,
+            server_time=now_us / 1e6,
+            oldest_wait=oldest_ms / 1000,
+            exists=exists == 1,
+        )
+
+    def leases(self) -> Flow[tuple[LeaseInfo, ...]]:
+        def parse(reply: Any) -> tuple[LeaseInfo, ...]:
+            tag, rest = _tagged("leases", reply)
+            if tag != "leases" or not rest or (len(rest) - 1) % 5:
+                raise _unexpected("leases", reply)
+            out = []
+            for i in range(1, len(rest), 5):
+                resource, token, owner, granted_us, deadline_ms = (
+                    _decode(x) for x in rest[i : i + 5]
+                )
+                out.append(
+                    LeaseInfo(
+                        resource=resource,
+                        token=int(token),
+                        owner=owner,
+                        granted_at=int(granted_us) / 1e6,
+                        expires_at=int(deadline_ms) / 1000,
+                    )
+                )
+            out.sort(key=lambda info: (info.resource, info.granted_at, info.token))
+            return tuple(out)
+
+        return self._single(Call("leases", self.keys, (), parse))
+
+    def stats(self) -> Flow[PoolStats]:
+        def parse(reply: Any) -> PoolStats:
+            tag, rest = _tagged("stats", reply)
+            if tag != "stats" or not rest or (len(rest) - 1) % 2:
+                raise _unexpected("stats", reply)
+            fields = {_decode(rest[i]): int(rest[i + 1]) for i in range(1, len(rest), 2)}
+            return stats_from_fields(self.name, fields, int(rest[0]) / 1e6)
+
+        return self._single(Call("stats", self.keys, (), parse))
+
+    def quarantine(self, resource: object, seconds: object) -> Flow[None]:
+        resource = _text("resource", resource, MAX_RESOURCE)
+        ms = _ms(_seconds("seconds", seconds))
+
+        def parse(reply: Any) -> None:
+            tag, rest = _tagged("quarantine", reply)
+            if tag == "unknown" and not rest:
+                raise UnknownResource(self.name, resource)
+            if not ((tag == "quarantined" and len(rest) == 1) or (tag == "draining" and not rest)):
+                raise _unexpected("quarantine", reply)
+
+        yield from self._check_policy()
+        return (yield from self._single(Call("quarantine", self.keys, (resource, ms), parse)))
+
+    def delete(self, force: object) -> Flow[bool]:
+        if not isinstance(force, bool):
+            raise TypeError(f"force must be a bool, not {type(force).__name__}")
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("delete", reply)
+            if tag == "absent" and not rest:
+                return False
+            if tag == "busy" and len(rest) == 2:
+                leases, waiting = int(rest[0]), int(rest[1])
+                plural = "" if leases == 1 else "s"
+                raise AllocatorError(
+                    f"pool {self.name!r} is in use ({leases} live lease{plural}, "
+                    f"{waiting} waiting): nothing was deleted; delete(force=True) revokes "
+                    "the leases and turns the waiters away"
+                )
+            if tag == "deleted" and len(rest) == 2:
+                _log.info(
+                    "allocator: pool %r deleted (%d leases revoked, %d waiters turned away)",
+                    self.name,
+                    int(rest[0]),
+                    int(rest[1]),
+                )
+                return True
+            raise _unexpected("delete", reply)
+
+        return self._single(Call("delete", self.keys, ("1" if force else "0",), parse))
+
+    def gc(self) -> Flow[GCReport]:
+        def parse(reply: Any) -> tuple[list[int], str, str, str, bool]:
+            tag, rest = _tagged("gc", reply)
+            if tag != "gc" or len(rest) != 10:
+                raise _unexpected("gc", reply)
+            counts = [int(x) for x in rest[:6]]
+            pel, queue, res = (_decode(x) for x in rest[6:9])
+            return counts, pel, queue, res, int(rest[9]) == 1
+
+        yield from self._check_policy()
+        totals = [0] * 6
+        pel, queue, res = "0-0", "", "0"
+        # Each step is bounded; the cursors walk the pending list, the queue
+        # and the resources once, so the loop ends even while the pool is busy.
+        for _ in range(100_000):
+            call = Call("gc", self.keys, (pel, queue, res, GC_COUNT), parse)
+            counts, pel, queue, res, more = yield from self._single(call)
+            totals = [a + b for a, b in zip(totals, counts, strict=True)]
+            if pel == "0-0" and queue == "" and res == "" and not more:
+                break
+        reclaimed, dropped, expired, unparked, orphans, repaired = totals
+        return GCReport(
+            reclaimed=reclaimed,
+            dropped_waiters=dropped,
+            expired_bindings=expired,
+            unparked=unparked,
+            orphans=orphans,
+            repaired=repaired,
+        )

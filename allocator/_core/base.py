@@ -1,0 +1,316 @@
+"""What every operation of a pool needs: its identity and settings (the
+names of its keys), the reading of lease records and signal-list messages,
+the retries of a single call, the replica confirmation of a call."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from typing import Any, Self, TypeVar
+
+import attrs
+from redis.crc import key_slot
+
+from .._values import Lease
+from ..errors import NotReplicated
+from .checks import (
+    MAX_LEASE_ID,
+    MAX_NAME,
+    MAX_REPLICAS,
+    MAX_RESOURCE,
+    MAX_TOKEN,
+    _ms,
+    _seconds,
+    _text,
+)
+from .keys import KEY_SUFFIXES, _escape
+from .replicas import Confirmed
+from .replies import (
+    _BUSY,
+    _GONE,
+    DELETED,
+    State,
+    _decode,
+    _many_index,
+    _stream_id,
+    _tagged,
+    _unexpected,
+    many_id,
+    request_of,
+)
+from .retry import RETRY_BUDGET, Retrier
+from .steps import RECHECK, Call, Command, Flow, Sleep
+
+_log = logging.getLogger("allocator")
+
+T = TypeVar("T")
+
+
+@attrs.define(eq=False)
+class PoolBase:
+    """A pool's identity and settings, and what every operation of it needs:
+    its keys, the reading of its lease records and messages, retries, the
+    confirmation of writes on replicas. :class:`~.pool.Pool` adds the
+    operations (:mod:`.leasing`, :mod:`.admin`)."""
+
+    name: str
+    prefix: str
+    lease_ttl: float
+    bind_ttl: float
+    keys: tuple[str, ...]
+    #: Replicas that must confirm a grant or a renewal (0: none, no WAIT).
+    min_replicas: int = 0
+    #: How long a WAIT for them may block, in seconds.
+    replica_timeout: float = 0.5
+    _policy_checked: bool = attrs.field(default=False, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        name: object,
+        *,
+        lease_ttl: object,
+        bind_ttl: object,
+        prefix: object,
+        min_replicas: object = 0,
+        replica_timeout: object = 0.5,
+    ) -> Self:
+        name = _text("name", name, MAX_NAME)
+        prefix = _text("prefix", prefix, MAX_NAME)
+        base = f"{_escape(prefix)}:{{{_escape(name)}}}"
+        keys = (*tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES), f"{base}:s:")
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+            raise TypeError(f"min_replicas must be an int, not {type(min_replicas).__name__}")
+        if not 0 <= min_replicas <= MAX_REPLICAS:
+            raise ValueError(f"min_replicas must be 0 to {MAX_REPLICAS}, got {min_replicas}")
+        return cls(
+            name=name,
+            prefix=prefix,
+            lease_ttl=_seconds("lease_ttl", lease_ttl),
+            bind_ttl=_seconds("bind_ttl", bind_ttl),
+            keys=keys,
+            min_replicas=min_replicas,
+            replica_timeout=_seconds("replica_timeout", replica_timeout),
+        )
+
+    # -- replicas -------------------------------------------------------------
+
+    def _confirmed(self, call: Call[T]) -> Call[tuple[T, int]]:
+        """``call`` sent with the confirmation of :func:`confirm_commands`;
+        its parse gives the parsed reply and the replicas that confirmed."""
+        parse = call.parse
+
+        def both(reply: Confirmed) -> tuple[T, int]:
+            return parse(reply.reply), reply.replicas
+
+        confirm = (self.min_replicas, _ms(self.replica_timeout))
+        return Call(call.script, call.keys, call.args, both, confirm=confirm)
+
+    def _not_replicated(self, lease: Lease, replicas: int, what: str) -> NotReplicated:
+        return NotReplicated(
+            self.name, lease.resource, lease.token, replicas, self.min_replicas, what
+        )
+
+    def _give_back(self, lease: Lease, replicas: int) -> Flow[NotReplicated]:
+        """A grant that too few replicas confirmed: release it (so nothing
+        leaks; a failover that loses it loses nothing either) and return
+        the error to raise."""
+        _log.warning(
+            "allocator: pool %r: grant of %r confirmed by %d of %d replicas; released",
+            self.name,
+            lease.resource,
+            replicas,
+            self.min_replicas,
+        )
+        release = Call("release", self.keys, (lease.id, lease.ticket, "", ""), lambda r: r)
+        with contextlib.suppress(Exception):
+            # Not confirmed itself: if this release is lost in a failover,
+            # the lease ends at its deadline as any unreleased lease does.
+            yield from self._single(release)
+        return self._not_replicated(lease, replicas, "acquire")
+
+    # -- identity -----------------------------------------------------------
+
+    @property
+    def slot(self) -> int:
+        """The Redis Cluster hash slot of every key of the pool."""
+        return int(key_slot(self.keys[0].encode("utf-8")))
+
+    def signal_key(self, suffix: str) -> str:
+        return self.keys[-1] + suffix
+
+    # -- leases ---------------------------------------------------------------
+
+    def _lease(self, lid: str, fields: list[Any]) -> Lease:
+        ticket, token, granted_us, deadline_ms, ttl_ms, resource = fields
+        return Lease(
+            resource=_decode(resource),
+            token=int(token),
+            id=lid,
+            ticket=_decode(ticket),
+            expires_at=int(deadline_ms) / 1000,
+            ttl=int(ttl_ms) / 1000,
+            granted_at=int(granted_us) / 1e6,
+            pool=self.name,
+        )
+
+    def _state(self, op: str, lid: str, reply: Any) -> State:
+        tag, rest = _tagged(op, reply)
+        if tag == "granted" and len(rest) == 6:
+            return self._lease(lid, rest)
+        if tag == "queued" and len(rest) == 2:
+            hint = int(rest[1])
+            return (_decode(rest[0]), None if hint < 0 else hint / 1000)
+        if tag in (_GONE, _BUSY) and not rest:
+            return tag
+        if tag == "granted_many" and rest and len(rest) % 6 == 0:
+            return [
+                self._lease(many_id(lid, i // 6), rest[i : i + 6]) for i in range(0, len(rest), 6)
+            ]
+        if tag == "toomany" and len(rest) == 1:
+            raise ValueError(
+                f"count is larger than pool {self.name!r}: it has {int(rest[0])} resources"
+            )
+        raise _unexpected(op, reply)
+
+    def _message(
+        self, message: Any, lid: str, ticket: str, count: int | None = None
+    ) -> Lease | float | str | None:
+        """A message from the signal list: this waiter's grant, a hint (seconds
+        until it should look again), RECHECK, or None for anything stale.
+        A waiter of acquire_many (``count``) takes the grant of any of its
+        leases: the first on its own ticket, the others on the entries
+        behind it."""
+        text = _decode(message)
+        if text == RECHECK:
+            return RECHECK
+        kind, _, rest = text.partition("|")
+        if kind == "g":
+            fields = rest.split("|", 5)
+            if len(fields) == 6 and (
+                (fields[0] == lid and fields[1] == ticket)
+                or (
+                    count is not None
+                    and _many_index(fields[0], lid) in range(1, count)
+                    and _stream_id(fields[1]) > _stream_id(ticket)
+                )
+            ):
+                lease_id, _, token, granted_us, ttl_ms, resource = fields
+                deadline_ms = int(granted_us) // 1000 + int(ttl_ms)
+                return self._lease(
+                    lease_id, [fields[1], token, granted_us, deadline_ms, ttl_ms, resource]
+                )
+        elif kind == "h":
+            target, _, delay = rest.partition("|")
+            if target == lid:
+                return int(delay) / 1000
+        elif kind == "x" and request_of(rest) == lid:
+            # The grant was taken back while this client looked gone: the
+            # waiter must look again (and queue again) at once.
+            return RECHECK
+        elif kind == "d" and request_of(rest) == lid:
+            # The pool was deleted (delete(force=True)): give up, and never
+            # queue again (that would make the pool anew). For acquire_many,
+            # the notice may name any lease of the request.
+            return DELETED
+        return None
+
+    def _check_lease(self, lease: object) -> Lease:
+        """A lease's fields are the caller's to change (``attrs.evolve``, a
+        pickle from elsewhere): check every one the library reads back."""
+        if not isinstance(lease, Lease):
+            raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
+        _text("lease.pool", lease.pool, MAX_NAME)
+        if lease.pool != self.name:
+            raise ValueError(f"lease belongs to pool {lease.pool!r}, not {self.name!r}")
+        _text("lease.id", lease.id, MAX_LEASE_ID)
+        _text("lease.resource", lease.resource, MAX_RESOURCE)
+        ticket = _text("lease.ticket", lease.ticket, 64)
+        first, dash, second = ticket.partition("-")
+        if not (dash and first.isdigit() and second.isdigit() and first.isascii()):
+            raise ValueError(f"lease.ticket must be a stream id like '1700000000000-0': {ticket!r}")
+        token = lease.token
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise TypeError(f"lease.token must be an int, not {type(token).__name__}")
+        if not 0 <= token <= MAX_TOKEN:
+            raise ValueError(f"lease.token must be 0 to {MAX_TOKEN}, got {token}")
+        _seconds("lease.ttl", lease.ttl)
+        return lease
+
+    def _ttl_ms(self, ttl: object) -> int:
+        return _ms(self.lease_ttl if ttl is None else _seconds("ttl", ttl))
+
+    # -- retries --------------------------------------------------------------
+
+    @staticmethod
+    def _retrying(
+        call: Call[T], *, deadline: float | None = None, attempts: int | None = None
+    ) -> Flow[T]:
+        """Run ``call``, retrying transient errors with backoff: until
+        ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
+        Every script is safe to run again after a reply was lost. (A script
+        the server no longer has never gets here: the shells run a call
+        that meets NOSCRIPT again at once by the script's text, EVAL.)"""
+        retrier = None  # made on the first failure: most calls never fail
+        while True:
+            try:
+                reply = yield call
+            except Exception as exc:
+                if retrier is None:
+                    retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
+                delay = retrier.next_delay(exc)
+                if delay is None:
+                    raise
+                yield Sleep(delay)
+                continue
+            return call.parse(reply)
+
+    @staticmethod
+    def _single(call: Call[T]) -> Flow[T]:
+        return (yield from PoolBase._retrying(call, deadline=time.monotonic() + RETRY_BUDGET))
+
+    def _check_policy(self) -> Flow[None]:
+        """Warn (once per allocator) if the server may evict the pool's keys.
+
+        The pool uses no keys with a TTL, so ``volatile-*`` policies never
+        touch it; an ``allkeys-*`` policy can evict a lease or the queue.
+        Run by the admin operations, so the hot path stays one round trip;
+        a server that refuses CONFIG (an ACL, a managed service) is skipped.
+        """
+        if self._policy_checked:
+            return
+        self._policy_checked = True
+        try:
+            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"))
+        except Exception:
+            return
+        # CONFIG GET answers a flat list on RESP2 and a map on RESP3.
+        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])[1::2]
+        policy = _decode(values[0]) if values else ""
+        if policy.startswith("allkeys"):
+            warnings.warn(
+                f"Redis maxmemory-policy is {policy!r}: under memory pressure the server may "
+                f"evict keys of pool {self.name!r} (leases, the queue). Use 'noeviction' or a "
+                "volatile-* policy; the pool's keys have no TTL.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def release_message(self, message: Any) -> Call[Any] | None:
+        """For a grant that reached a client whose waiter had already left:
+        the release that passes it on (None if ``message`` is no grant). Only
+        if nobody claimed it: the waiter may have been handed it in a poll
+        reply while the reader held the message."""
+        kind, _, rest = _decode(message).partition("|")
+        fields = rest.split("|", 5)
+        if kind != "g" or len(fields) != 6:
+            return None
+        return Call("release", self.keys, (fields[0], fields[1], "", "1"), lambda reply: reply)
+
+    @staticmethod
+    def message_target(message: Any) -> str:
+        """The lease id a signal-list message is for ('' if it names none)."""
+        parts = _decode(message).split("|", 2)
+        return parts[1] if len(parts) > 1 else ""

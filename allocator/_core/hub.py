@@ -1,0 +1,359 @@
+"""The reader's decisions: one reader per Redis client and process (and per
+event loop for asyncio) serves every waiter of that client, in every pool.
+:class:`Hub` decides its rounds (heartbeats, the round trip that
+acknowledges, blocks and pops, the routing of each message to its waiter,
+failures); the shells carry them out with a thread or a task."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import secrets
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+import attrs
+
+from .keys import PICK
+from .liveness import ACK_GIVE_UP, ALIVE, ALIVE_MS
+from .pool import Pool
+from .replies import _decode, _tagged, _unexpected, request_of
+from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
+from .steps import RECHECK, Beat, Call, Deliver, Exchange, ReaderStep, Sleep
+
+_log = logging.getLogger("allocator")
+
+#: Messages a reader pops from one signal list per round trip.
+BATCH = 256
+#: Delivered grants a hub remembers, so that a grant message it sees again
+#: (put back on the list after a lost reply) is not taken for a stray one.
+RECENT = 4096
+
+
+@attrs.define(eq=False)
+class _Served:
+    """A pool whose waiters a hub serves: its signal list for the hub's
+    client, the waiters (probed in turn), grants delivered but not yet
+    acknowledged, and the pool's epoch last seen."""
+
+    pool: Pool
+    key: str
+    lids: collections.OrderedDict[str, None] = attrs.field(factory=collections.OrderedDict)
+    acks: list[str] = attrs.field(factory=list)
+    epoch: str | None = None
+
+
+class Hub:
+    """What the reader of one client (one per Redis client and process, and
+    per event loop for asyncio) decides, for every pool it serves. Pure:
+    the shells' readers carry out its plans with a thread or a task, and the
+    sync one holds a lock around every call.
+
+    One round of a reader: send the acknowledgements of the grants it
+    delivered last round (``ZREM`` of their lease ids from each pool's
+    ``pick``), block on the signal lists of the pools that have waiters,
+    pop what else is there (``BLPOP`` then ``LPOP key BATCH`` per list, in
+    one round trip), and route each message to the waiter it names. Once a
+    heartbeat interval, a poll per pool keeps the client's waiters alive.
+    """
+
+    def __init__(self, heartbeat: float) -> None:
+        #: The client's id in the pools' liveness marks and signal lists. A
+        #: hub lives in one process: a forked child makes its own.
+        self.cid = secrets.token_urlsafe(9)
+        self.heartbeat = heartbeat
+        self._waiters: dict[str, tuple[_Served, Any]] = {}
+        self._served: dict[str, _Served] = {}
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._last_beat: float | None = None
+        #: The error of the reader's last round while it fails (None once a
+        #: round goes through): a waiter whose time runs out meanwhile
+        #: chains it to its AcquireTimeout.
+        self.trouble: BaseException | None = None
+        self._retrier = Retrier("waiting-list reader")
+        self._refusals = 0
+        self._failing_since: float | None = None
+
+    # -- waiters ------------------------------------------------------------
+
+    def register(self, pool: Pool, lid: str, inbox: Any) -> None:
+        key = pool.signal_key(self.cid)
+        served = self._served.get(key)
+        if served is None:
+            served = self._served[key] = _Served(pool, key)
+        served.lids[lid] = None
+        self._waiters[lid] = (served, inbox)
+
+    def unregister(self, lid: str) -> None:
+        # The pool stays known (a few strings per pool): a grant popped
+        # after its waiter left must still be released.
+        entry = self._waiters.pop(lid, None)
+        if entry is not None:
+            entry[0].lids.pop(lid, None)
+
+    def inbox(self, lid: str) -> Any:
+        return self._waiters[lid][1]
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to wait for and nothing to acknowledge: the reader stops."""
+        return not self._waiters and not any(s.acks for s in self._served.values())
+
+    # -- a round ------------------------------------------------------------
+
+    def beat_in(self, now: float) -> float:
+        """Seconds until the next heartbeat is due (<= 0: now)."""
+        if self._last_beat is None:
+            self._last_beat = now
+        return self.heartbeat - (now - self._last_beat)
+
+    def beats(self) -> list[tuple[str, Call[tuple[str, bool, bool]]]]:
+        """The heartbeat of each pool with waiters, probing one of them in turn."""
+        calls = []
+        for served in self._served.values():
+            if served.lids:
+                probe = next(iter(served.lids))
+                served.lids.move_to_end(probe)
+                calls.append((served.key, heartbeat(served.pool, self.cid, probe)))
+        return calls
+
+    def beaten(
+        self, now: float, results: list[tuple[str, tuple[str, bool, bool]]]
+    ) -> tuple[list[Any], bool]:
+        """After the heartbeats: the inboxes to tell to look again, and
+        whether to beat again at once (dead tickets left at a pool's head).
+
+        A pool's waiters look again if its epoch changed (its data was
+        lost), if the probed waiter's ticket vanished, or if the reader was
+        silent past the liveness window (its client may have been taken for
+        gone, its tickets dropped, its grants taken back)."""
+        silent = self._silent(now)
+        self._last_beat = now
+        inboxes: list[Any] = []
+        again = False
+        for key, (epoch, probe_ok, more) in results:
+            served = self._served.get(key)
+            if served is None:
+                continue
+            if recheck_after_beat(epoch, served.epoch, probe_ok, silent):
+                inboxes += [self._waiters[lid][1] for lid in served.lids]
+            served.epoch = epoch
+            again = again or more
+        return inboxes, again
+
+    def all_inboxes(self) -> list[Any]:
+        return [inbox for _, inbox in self._waiters.values()]
+
+    # -- trouble ------------------------------------------------------------
+
+    def failed(self, error: BaseException) -> tuple[float, list[Any]]:
+        """A round (or a heartbeat) failed with ``error``: how long the
+        reader pauses, and the inboxes of the waiters that must look by
+        themselves.
+
+        A transient error (the server unreachable, failing over) is retried
+        with jittered backoff while the waiters wait; one whose time runs
+        out meanwhile chains :attr:`trouble` to its AcquireTimeout. Any
+        other error (a wrong password, an ACL refusal, a bug) is not the
+        reader's to retry for ever: every waiter looks by itself, so that
+        its own call raises the error at once, and the reader backs off
+        until they have left or the error has passed."""
+        self.trouble = error
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if not self._waiters and now - self._failing_since > ACK_GIVE_UP:
+            # Only acknowledgements left, and too late to matter: stop.
+            for served in self._served.values():
+                served.acks.clear()
+            return 0.0, []
+        delay = self._retrier.next_delay(error)
+        if delay is not None:
+            return delay, []
+        self._refusals += 1
+        _log.warning("allocator: the waiting-list reader failed", exc_info=error)
+        pause = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(self._refusals, 16))
+        return random.uniform(pause / 2, pause), self.all_inboxes()
+
+    def succeeded(self) -> None:
+        """A round went through."""
+        if self.trouble is not None:
+            self.trouble = None
+            self._refusals = 0
+            self._failing_since = None
+            self._retrier.succeeded()
+
+    def plan(self) -> tuple[list[tuple[str, list[str]]], list[str]]:
+        """This round's acknowledgements (``pick`` key, lease ids) and the
+        signal lists to block on."""
+        acks = [(s.pool.keys[PICK], list(s.acks)) for s in self._served.values() if s.acks]
+        keys = [s.key for s in self._served.values() if s.lids]
+        return acks, keys
+
+    def acked(self, acks: list[tuple[str, list[str]]]) -> None:
+        """The acknowledgements of ``plan`` reached the server."""
+        sent = {pick: set(lids) for pick, lids in acks}
+        for served in self._served.values():
+            done = sent.get(served.pool.keys[PICK])
+            if done:
+                served.acks = [lid for lid in served.acks if lid not in done]
+
+    def route(self, key: Any, message: Any, now: float) -> tuple[Any, Any, Call[Any] | None]:
+        """Where a popped message goes: ``(inbox, item, None)`` to put
+        ``item`` in its waiter's inbox, ``(None, None, call)`` to release a
+        grant whose waiter left (only while nobody claimed it), or
+        ``(None, None, None)`` to drop it. A delivered grant is acknowledged
+        in the next round. ``now``: the monotonic time it was popped."""
+        served = self._served.get(_decode(key))
+        if served is None:
+            return None, None, None
+        pool = served.pool
+        text = _decode(message)
+        lid = Pool.message_target(text)
+        grant = text.startswith("g|")
+        # A lease of acquire_many goes to the waiter of its request.
+        entry = self._waiters.get(lid) or self._waiters.get(request_of(lid))
+        if entry is not None and entry[0] is served:
+            if grant and self._silent(now) > ALIVE:
+                # Popped before a silence past the liveness window: the grant
+                # may have been taken back since. The waiter asks (a poll
+                # hands it over if it is still its own).
+                return entry[1], RECHECK, None
+            if grant:
+                self._remember(served, lid)
+            elif text.startswith("d|"):
+                # Its pool was deleted: no more heartbeats for this waiter,
+                # which would make the pool's keys again before it leaves.
+                served.lids.pop(lid, None)
+            return entry[1], message, None
+        if grant:
+            if lid in self._recent:
+                # Delivered already: this is a copy put back after a lost
+                # reply. Acknowledge it again; never release it.
+                served.acks.append(lid)
+                return None, None, None
+            return None, None, pool.release_message(text)
+        return None, None, None
+
+    def _silent(self, now: float) -> float:
+        return 0.0 if self._last_beat is None else now - self._last_beat
+
+    # -- the loop -------------------------------------------------------------
+
+    def rounds(self, clock: Callable[[], float]) -> Generator[ReaderStep, Any, None]:
+        """A reader's loop, for both shells: it yields each step for the
+        shell to carry out (its thread or task, its connection) and is sent
+        the step's result, or thrown the error of a Beat, an Exchange or a
+        release. It ends when nothing is left to wait for or acknowledge.
+        The sync shell holds its lock while the loop runs, and not while a
+        step is carried out. ``clock``: monotonic seconds."""
+        while not self.idle:
+            try:
+                if self.beat_in(clock()) <= 0:
+                    results = yield Beat(self.beats())
+                    inboxes, again = self.beaten(clock(), results)
+                    if inboxes:
+                        yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
+                    if again:
+                        continue
+                acks, keys = self.plan()
+                popped = yield Exchange(acks, keys, max(0.01, self.beat_in(clock())))
+                self.succeeded()
+                self.acked(acks)
+                now = clock()
+                items: list[tuple[Any, Any]] = []
+                releases: list[Call[Any]] = []
+                for key, message in popped:
+                    inbox, item, release = self.route(key, message, now)
+                    if inbox is not None:
+                        items.append((inbox, item))
+                    elif release is not None:
+                        releases.append(release)
+                if items or releases:
+                    yield Deliver(items, releases)
+            except Exception as exc:
+                if self.idle:  # its client was closed under it, say
+                    return
+                pause, inboxes = self.failed(exc)
+                if inboxes:
+                    yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
+                yield Sleep(pause)
+
+    def _remember(self, served: _Served, lid: str) -> None:
+        served.acks.append(lid)
+        self._recent[lid] = None
+        if len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
+
+
+def heartbeat(pool: Pool, cid: str, probe: str) -> Call[tuple[str, bool, bool]]:
+    """The client-level poll of a reader: keeps all of client ``cid``'s
+    waiters in ``pool`` alive, and returns the pool's epoch, whether waiter
+    ``probe``'s ticket is still in the queue, and whether dead tickets are
+    left at the head (then the reader beats again at once)."""
+
+    def parse(reply: Any) -> tuple[str, bool, bool]:
+        tag, rest = _tagged("poll", reply)
+        if tag != "alive" or len(rest) != 3:
+            raise _unexpected("poll", reply)
+        return _decode(rest[0]), int(rest[1]) == 1, int(rest[2]) == 1
+
+    own = (*pool.keys, pool.signal_key(cid))
+    return Call("poll", own, ("", cid, ALIVE_MS, probe), parse)
+
+
+def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, silent: float) -> bool:
+    """After a reader's heartbeat: must every local waiter check its ticket?
+
+    Yes if the pool's epoch changed (its data was lost), if the probed
+    waiter's ticket vanished (the stream was deleted, a restart lost
+    it), or if the reader was silent longer than the liveness window
+    (the client may have been taken for dead and its tickets dropped).
+    """
+    changed = previous is not None and epoch != previous
+    return changed or not probe_ok or silent > ALIVE
+
+
+#: How much longer than its blocking time a reader waits for its round's
+#: reply before it takes the connection for dead (a lost reply costs no
+#: grant: one not acknowledged is put back on its list, see prelude.lua).
+READ_SLACK = 5.0
+
+
+def round_commands(
+    acks: list[tuple[str, list[str]]], keys: list[str], block: float
+) -> list[tuple[str | int, ...]]:
+    """The commands of a reader's round (see :class:`Hub`), for one pipeline."""
+    commands: list[tuple[str | int, ...]] = [("ZREM", pick, *lids) for pick, lids in acks]
+    if keys:
+        commands.append(("BLPOP", *keys, f"{block:.3f}"))
+        commands += [("LPOP", key, BATCH) for key in keys]
+    return commands
+
+
+def round_replies(
+    commands: list[tuple[str | int, ...]], replies: list[Any]
+) -> list[tuple[Any, Any]]:
+    """The messages a round popped, as ``(key, message)`` pairs in order.
+    An error reply (after all replies were read) is raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    at = next((i for i, c in enumerate(commands) if c[0] == "BLPOP"), None)
+    if at is None:
+        return []
+    keys = [c[1] for c in commands[at + 1 :]]
+    return popped(replies[at], list(zip(keys, replies[at + 1 :], strict=True)))
+
+
+def popped(first: Any, rest: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """A BLPOP reply (``[key, message]`` or None) and the LPOP replies after
+    it (``(key, [message, ...] or None)``), as ``(key, message)`` pairs."""
+    if not first:
+        return []
+    out = [(first[0], first[1])]
+    for key, messages in rest:
+        out += [(key, message) for message in messages or ()]
+    return out

@@ -1,0 +1,352 @@
+"""A pool's leasing operations: the waiting flow of ``acquire`` and
+``acquire_many`` (queue, wait for a push or a hint, look again, leave the
+queue when giving up), ``renew`` and ``release``."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from typing import Any, cast
+
+import attrs
+
+from .._values import Lease
+from ..errors import AcquireTimeout, LeaseLost
+from .base import PoolBase
+from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
+from .liveness import ALIVE_MS, HEARTBEAT
+from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
+from .retry import RETRY_BUDGET, is_transient
+from .steps import RECHECK, Call, Flow, Wait
+
+
+class Leasing(PoolBase):
+    """Acquire, renew and release (see :class:`~.pool.Pool`)."""
+
+    __slots__ = ()
+
+    # -- acquire --------------------------------------------------------------
+
+    def acquire(
+        self,
+        timeout: object,
+        ttl: object,
+        bind: object,
+        blocking: object,
+        *,
+        cid: str,
+        owner: object = None,
+    ) -> Acquire:
+        """Check the arguments and build an acquire: its steps, and the lease
+        id under which the client's reader routes messages to it. ``cid`` is
+        the client id of the reader (:class:`Hub`) that serves it."""
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = _timeout(timeout)
+        ttl_ms = self._ttl_ms(ttl)
+        bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
+        holder = _owner(owner)
+        lid = secrets.token_urlsafe(16)
+        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder, None)
+        # One flow for both kinds; a single acquire only ever returns one
+        # lease (no wrapper generator: every level of `yield from` costs
+        # each step of the hot path).
+        return Acquire(lid=lid, steps=cast("Flow[Lease | None]", steps))
+
+    def acquire_many(
+        self,
+        count: object,
+        timeout: object,
+        ttl: object,
+        blocking: object,
+        *,
+        cid: str,
+        owner: object = None,
+    ) -> AcquireMany:
+        """Same as :meth:`acquire`, for ``count`` resources at once, all or
+        nothing: one request in the same queue, granted at the head when
+        ``count`` resources are free at once (see lua/acquire_many.lua)."""
+        number = _count(count)
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = _timeout(timeout)
+        ttl_ms = self._ttl_ms(ttl)
+        holder = _owner(owner)
+        lid = secrets.token_urlsafe(16)
+        steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, holder, number)
+        return AcquireMany(lid=lid, count=number, steps=cast("Flow[list[Lease] | None]", steps))
+
+    def _acquire(
+        self,
+        lid: str,
+        cid: str,
+        timeout: float | None,
+        ttl_ms: int,
+        bind: str | None,
+        blocking: bool,
+        owner: str,
+        count: int | None,
+    ) -> Flow[Lease | list[Lease] | None]:
+        """The one waiting flow, of ``acquire`` (``count`` None) and of
+        ``acquire_many`` (the leases of ``count`` resources: it returns once
+        it has all of them, from one reply or from ``count`` pushes)."""
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        if not blocking and deadline is None:
+            # A non-blocking call never waits in line: give its retries the
+            # same short budget as any single call (issue 8, item 1).
+            deadline = started + RETRY_BUDGET
+        alive_ms = ALIVE_MS
+        own = (*self.keys, self.signal_key(cid))
+        flag = "1" if blocking else "0"
+        many: tuple[str | int, ...] = ()
+        if count is None:
+            enqueue: Call[State] = Call(
+                "acquire",
+                own,
+                (lid, cid, ttl_ms, alive_ms, flag, bind or "", _ms(self.bind_ttl), owner),
+                lambda reply: self._state("acquire", lid, reply),
+            )
+        else:
+            many = ("", count)  # poll's probe (none) and count
+            enqueue = Call(
+                "acquire_many",
+                own,
+                (lid, cid, ttl_ms, alive_ms, flag, count, owner),
+                lambda reply: self._state("acquire_many", lid, reply),
+            )
+        poll: Call[State] | None = None  # made when first needed: most acquires never wait
+        # Grants of acquire_many pushed one lease at a time, by lease id.
+        got: dict[str, Lease] = {}
+        deleted = False
+        # The reader's last error while it fails, if it does, when a wait ends.
+        trouble: BaseException | None = None
+
+        def attempt(call: Call[State]) -> Flow[State]:
+            try:
+                if not self.min_replicas:
+                    return (yield from self._retrying(call, deadline=deadline))
+                return (yield from self._look_confirmed(call, deadline))
+            except Exception as exc:
+                if blocking and timeout is not None and is_transient(exc):
+                    # Out of time while the server was unreachable: the
+                    # caller's timeout ran out; the error is its cause.
+                    raise AcquireTimeout(self.name, time.monotonic() - started) from exc
+                raise
+
+        try:
+            # A lost reply is retried with the same lease id: the script finds
+            # the first attempt's ticket, so the requester keeps its place.
+            state = yield from attempt(enqueue)
+            if state == _BUSY:
+                return None
+            while True:
+                if isinstance(state, (Lease, list)):
+                    return state
+                got.clear()
+                if state == _GONE:
+                    # The ticket left the queue without us (the pool's data was
+                    # lost, or we looked dead for too long): queue again.
+                    state = yield from attempt(enqueue)
+                    continue
+                assert isinstance(state, tuple)
+                ticket, hint = state
+                wake_at = None if hint is None else time.monotonic() + hint
+                # Wait for a push; look again (poll) when the hint comes due or
+                # the reader asks for it. The reader keeps us alive meanwhile.
+                while True:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        raise AcquireTimeout(self.name, now - started) from trouble
+                    limits = [t - now for t in (deadline, wake_at) if t is not None]
+                    span = min(limits) if limits else None
+                    if span is not None and span <= 0:
+                        break
+                    message = yield Wait(lid, span)
+                    if message is None or isinstance(message, BaseException):
+                        # Nothing came: the reply to a Wait that ran out is
+                        # the reader's trouble, if it has any.
+                        trouble = message
+                        if deadline is not None and time.monotonic() >= deadline:
+                            continue
+                        break
+                    seen = self._message(message, lid, ticket, count)
+                    if isinstance(seen, Lease) and count is None:
+                        if not self.min_replicas:
+                            return seen
+                        confirmed = yield from self._confirm_pushed(seen, deadline)
+                        if confirmed is not None:
+                            return confirmed
+                        break  # taken back meanwhile: look again
+                    if isinstance(seen, Lease):
+                        # One script run pushed them all: the others follow,
+                        # normally in the same batch. If one never comes (it
+                        # ended before it was popped: its message went with
+                        # it), a look within a heartbeat settles it: all the
+                        # leases, or none and a place at the back.
+                        got[seen.id] = seen
+                        if len(got) == count:
+                            leases = [got[many_id(lid, i)] for i in range(count)]
+                            if not self.min_replicas:
+                                return leases
+                            all_confirmed = yield from self._confirm_pushed_many(leases, deadline)
+                            if all_confirmed is not None:
+                                return all_confirmed
+                            break  # some taken back meanwhile: look again
+                        soon = time.monotonic() + HEARTBEAT
+                        wake_at = soon if wake_at is None else min(wake_at, soon)
+                        continue
+                    if isinstance(seen, float):
+                        wake_at = time.monotonic() + seen
+                    elif seen == DELETED:
+                        deleted = True
+                        raise AcquireTimeout(self.name, time.monotonic() - started)
+                    elif seen == RECHECK:
+                        break
+                if poll is None:
+                    poll = Call(
+                        "poll",
+                        own,
+                        (lid, cid, alive_ms, *many),
+                        lambda reply: self._state("poll", lid, reply),
+                    )
+                state = yield from attempt(poll)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
+            # leave the queue, and pass on a grant that raced in. One try: if
+            # it fails, the ticket's liveness runs out and dispatch drops it.
+            # A deleted pool holds no ticket: a cancel would only make keys.
+            if deleted:
+                raise
+            cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
+            with contextlib.suppress(Exception):
+                yield from self._retrying(cancel, attempts=1)
+            raise
+
+    def _look_confirmed(self, call: Call[State], deadline: float | None) -> Flow[State]:
+        """Run an acquire or poll call with ``min_replicas``: a grant in its
+        reply counts only once confirmed, else it is released and
+        :class:`NotReplicated` raised."""
+        state, replicas = yield from self._retrying(self._confirmed(call), deadline=deadline)
+        if isinstance(state, Lease) and replicas < self.min_replicas:
+            raise (yield from self._give_back(state, replicas))
+        if isinstance(state, list) and replicas < self.min_replicas:
+            # acquire_many: all of them go back, and the first error is raised.
+            errors = []
+            for lease in state:
+                errors.append((yield from self._give_back(lease, replicas)))
+            raise errors[0]
+        return state
+
+    def _confirm_pushed_many(
+        self, leases: list[Lease], deadline: float | None
+    ) -> Flow[list[Lease] | None]:
+        """:meth:`_confirm_pushed` for the leases of an acquire_many grant:
+        all of them confirmed, or None if one is no longer this waiter's
+        (its next look ends the others). A NotReplicated goes out to the
+        flow, whose cancel ends every lease of the request."""
+        confirmed = []
+        for lease in leases:
+            renewed = yield from self._confirm_pushed(lease, deadline)
+            if renewed is None:
+                return None
+            confirmed.append(renewed)
+        return confirmed
+
+    def _confirm_pushed(self, lease: Lease, deadline: float | None) -> Flow[Lease | None]:
+        """Confirm a grant pushed to this waiter by another client's script:
+        a confirmed renew of it (see :func:`confirm_commands` for why that
+        covers the grant). None if the grant is no longer this waiter's."""
+        renew = self._confirmed(self._renew_call(lease, _ms(lease.ttl)))
+        if deadline is None or deadline - time.monotonic() < RETRY_BUDGET:
+            deadline = time.monotonic() + RETRY_BUDGET
+        try:
+            renewed, replicas = yield from self._retrying(renew, deadline=deadline)
+        except LeaseLost:
+            return None
+        if replicas < self.min_replicas:
+            raise (yield from self._give_back(renewed, replicas))
+        return renewed
+
+    # -- renew and release ---------------------------------------------------
+
+    def release(self, lease: object, quarantine: object) -> Flow[bool]:
+        held = self._check_lease(lease)
+        q_ms = "" if quarantine is None else str(_ms(_seconds("quarantine", quarantine, minimum=0)))
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("release", reply)
+            if rest or tag not in ("released", "lost"):
+                raise _unexpected("release", reply)
+            return tag == "released"
+
+        return self._single(Call("release", self.keys, (held.id, held.ticket, q_ms, ""), parse))
+
+    def renew(self, lease: object, ttl: object) -> Flow[Lease]:
+        held = self._check_lease(lease)
+        ttl_ms = _ms(_seconds("lease.ttl", held.ttl) if ttl is None else _seconds("ttl", ttl))
+        call = self._renew_call(held, ttl_ms)
+        if not self.min_replicas:
+            return self._single(call)
+        return self._renew_confirmed(call, held)
+
+    def _renew_confirmed(self, call: Call[Lease], held: Lease) -> Flow[Lease]:
+        renewed, replicas = yield from self._single(self._confirmed(call))
+        if replicas < self.min_replicas:
+            # The lease stays as the primary has it (renewed there).
+            raise self._not_replicated(held, replicas, "renew")
+        return renewed
+
+    def _renew_call(self, held: Lease, ttl_ms: int) -> Call[Lease]:
+        def parse(reply: Any) -> Lease:
+            tag, rest = _tagged("renew", reply)
+            if tag == "renewed" and len(rest) == 1:
+                return attrs.evolve(held, expires_at=int(rest[0]) / 1000, ttl=ttl_ms / 1000)
+            if tag == "lost" and not rest:
+                raise LeaseLost(
+                    self.name, held.resource, held.token, "expired, revoked or released"
+                )
+            raise _unexpected("renew", reply)
+
+        return Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse)
+
+    def lost_many(
+        self,
+        held: list[Lease],
+        released: list[bool | BaseException],
+        losses: list[LeaseLost | None],
+    ) -> BaseException | None:
+        """What the exit of ``lease_many`` raises, if anything: the first
+        LeaseLost a keeper met, else a LeaseLost for the first lease whose
+        release found it ended, else the first error a release raised (every
+        release was tried). ``released`` holds each release's result or
+        error; ``losses`` each keeper's LeaseLost or None."""
+        lost = next((loss for loss in losses if loss is not None), None)
+        if lost is not None:
+            return lost
+        for lease, result in zip(held, released, strict=True):
+            if result is False:
+                return LeaseLost(self.name, lease.resource, lease.token, "lost while held")
+        return next((r for r in released if isinstance(r, BaseException)), None)
+
+
+@attrs.frozen
+class Acquire:
+    """An acquire ready to be driven: the lease id its messages are routed
+    by, and its steps."""
+
+    lid: str
+    steps: Flow[Lease | None] = attrs.field(repr=False)
+
+
+@attrs.frozen
+class AcquireMany:
+    """An acquire_many ready to be driven: the request's id (its messages,
+    one per lease, are routed by it: :func:`request_of`), and its steps."""
+
+    lid: str
+    count: int
+    steps: Flow[list[Lease] | None] = attrs.field(repr=False)

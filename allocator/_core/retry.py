@@ -1,0 +1,196 @@
+"""The retry policy: which errors pass by themselves, how long to back off,
+when to give up, what to log. Every flow and both readers decide with it."""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import time
+
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    AuthorizationError,
+    ClusterError,
+    NoPermissionError,
+    ReadOnlyError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+_log = logging.getLogger("allocator")
+
+#: How long a call with no deadline of its own (a single-call operation such
+#: as ``release`` or ``status``, a non-blocking ``acquire``) keeps retrying
+#: transient errors before it lets the last one through.
+RETRY_BUDGET = 2.0
+#: Full-jitter backoff between two tries: a uniform draw in
+#: [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)] after the n-th failure.
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 2.0
+#: An outage (transient errors without a success in between) this long is
+#: logged once at warning; each retry before that is logged at debug.
+OUTAGE_WARNING = 10.0
+
+#: Errors that pass: a lost connection, a server still loading its data, a
+#: failover (a demoted master answers READONLY), a cluster slot in migration
+#: (TRYAGAIN until redis-py gives up) or a cluster that is reconfiguring.
+#: Every script is safe to run again, so these are retried within the
+#: caller's deadline. Some permanent errors are subclasses of these
+#: (:data:`PERMANENT_ERRORS`): :func:`is_transient` tells them apart.
+TRANSIENT_ERRORS = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,
+    TryAgainError,
+    ReadOnlyError,
+    SlotNotCoveredError,
+)
+
+#: Misconfigurations that no retry mends: a wrong password or user, an ACL
+#: that refuses a command or key, a TLS handshake or certificate refused.
+#: redis-py makes the first two subclasses of its ``ConnectionError``.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    AuthenticationError,
+    AuthorizationError,
+    AuthenticationWrongNumberOfArgsError,
+    NoPermissionError,
+    ssl.SSLError,
+    ssl.CertificateError,
+)
+try:  # redis-py >= 5.1
+    from redis.exceptions import ExternalAuthProviderError
+
+    PERMANENT_ERRORS += (ExternalAuthProviderError,)
+except ImportError:  # pragma: no cover
+    pass
+
+#: Texts of server errors that mean the same when redis-py does not map them
+#: to one of the classes above (or wraps them in a ConnectionError).
+_PERMANENT_TEXTS = ("WRONGPASS", "NOAUTH", "NOPERM", "invalid password", "CERTIFICATE_VERIFY")
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` may pass by itself, so that the call is worth retrying.
+
+    True for the transport errors of :data:`TRANSIENT_ERRORS`, unless the
+    error is (or was raised while handling) a permanent one: an
+    authentication or ACL refusal, a TLS error (redis-py turns an
+    ``ssl.SSLError`` into a ``ConnectionError`` raised from it). The shells'
+    flows and the readers both decide with this.
+    """
+    if not isinstance(error, TRANSIENT_ERRORS):
+        return False
+    seen: BaseException | None = error
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            break
+        if isinstance(seen, PERMANENT_ERRORS):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    text = str(error)
+    return not any(marker in text for marker in _PERMANENT_TEXTS)
+
+
+class Retrier:
+    """The retry policy of one call (or of one reader loop): which errors to
+    retry, how long to back off, when to give up, what to log.
+
+    Use::
+
+        retrier = Retrier("status", deadline=time.monotonic() + 2)
+        while True:
+            try:
+                reply = run()
+            except Exception as exc:
+                delay = retrier.next_delay(exc)
+                if delay is None:
+                    raise
+                sleep(delay)
+                continue
+            retrier.succeeded()
+
+    ``deadline`` (monotonic seconds) and ``attempts`` bound the tries; with
+    neither, transient errors are retried for ever (a reader, a blocking
+    acquire without timeout). Delays are full jitter
+    (``uniform(0, min(cap, base * 2**n))``), so that clients that lost the
+    server together do not come back in lockstep, and never reach past the
+    deadline. Each retry is logged at debug on logger ``allocator``; an
+    outage longer than :data:`OUTAGE_WARNING` is logged once at warning,
+    and its end at info. ``last_error`` is the last error seen, for a
+    caller that gives up for another reason (an AcquireTimeout chains it).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        deadline: float | None = None,
+        attempts: int | None = None,
+        base: float = BACKOFF_BASE,
+        cap: float = BACKOFF_CAP,
+        warn_after: float | None = None,
+    ) -> None:
+        self.what = what
+        self.deadline = deadline
+        self.attempts = attempts
+        self.base = base
+        self.cap = cap
+        self.warn_after = OUTAGE_WARNING if warn_after is None else warn_after
+        self.failures = 0
+        self.last_error: BaseException | None = None
+        self._outage_since: float | None = None
+        self._warned = False
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def next_delay(self, error: BaseException) -> float | None:
+        """Seconds to wait before the next try after ``error``, or None if
+        the caller must give up and raise it: a permanent error, no
+        attempts left, or the deadline reached."""
+        self.last_error = error
+        if not is_transient(error):
+            return None
+        now = time.monotonic()
+        self.failures += 1
+        if self._outage_since is None:
+            self._outage_since = now
+        if self.attempts is not None and self.failures >= self.attempts:
+            return None
+        remaining = None if self.deadline is None else self.deadline - now
+        if remaining is not None and remaining <= 0:
+            return None
+        ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 32))
+        delay = random.uniform(0, ceiling)
+        if remaining is not None:
+            delay = min(delay, remaining)
+        outage = now - self._outage_since
+        if outage >= self.warn_after and not self._warned:
+            self._warned = True
+            _log.warning(
+                "allocator: %s: Redis unreachable for %.1f s, still retrying: %r",
+                self.what,
+                outage,
+                error,
+            )
+        else:
+            _log.debug(
+                "allocator: %s: retry %d in %.3f s after %r", self.what, self.failures, delay, error
+            )
+        return delay
+
+    def succeeded(self) -> None:
+        """A try went through: the next failure starts a new outage."""
+        if self._warned and self._outage_since is not None:
+            _log.info(
+                "allocator: %s: Redis reachable again after %.1f s",
+                self.what,
+                time.monotonic() - self._outage_since,
+            )
+        self.failures = 0
+        self._outage_since = None
+        self._warned = False

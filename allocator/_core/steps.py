@@ -1,0 +1,90 @@
+"""The steps the shells carry out for the core's flows.
+
+A pool operation (:mod:`.leasing`, :mod:`.admin`) yields :class:`Call`,
+:class:`Wait`, :class:`Sleep` and :class:`Command`; a reader's loop
+(:class:`~.hub.Hub`) yields :class:`Beat`, :class:`Exchange`,
+:class:`Deliver` and :class:`Sleep`. The shells carry each one out with
+blocking or awaiting I/O and send back its result (or throw its error in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import attrs
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Call(Generic[T]):
+    """Run script ``script`` with these keys and args; ``parse`` reads the reply."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    parse: Callable[[Any], T] = attrs.field(repr=False)
+    #: ``(replicas, timeout_ms)``: the write must be confirmed by that many
+    #: replicas. The shells send :func:`confirm_commands` in one pipeline on
+    #: one connection and hand :func:`confirmed` of the replies to ``parse``.
+    confirm: tuple[int, int] | None = None
+
+
+class Wait(NamedTuple):
+    """Wait up to ``timeout`` seconds (None: no limit) for the next message
+    the client's reader routes to waiter ``lid``; send it, or, when none
+    came in time, the reader's :attr:`Hub.trouble` (None, or its last error
+    while it fails)."""
+
+    lid: str
+    timeout: float | None
+
+
+class Sleep(NamedTuple):
+    seconds: float
+
+
+class Command(NamedTuple):
+    """Run a plain Redis command (not a script); the flow reads the reply."""
+
+    args: tuple[str, ...]
+
+
+Step = Call[Any] | Wait | Sleep | Command
+Flow = Generator[Step, Any, T]
+
+
+class Beat(NamedTuple):
+    """A reader's heartbeat: run each pool's poll call (``(key, call)``, no
+    retries of its own); send back the ``(key, parsed reply)`` pairs."""
+
+    calls: list[tuple[str, Call[Any]]]
+
+
+class Exchange(NamedTuple):
+    """A reader's round trip (:func:`round_commands`): acknowledge, block
+    on ``keys`` up to ``block`` seconds, pop; send back the popped
+    ``(key, message)`` pairs."""
+
+    acks: list[tuple[str, list[str]]]
+    keys: list[str]
+    block: float
+
+
+class Deliver(NamedTuple):
+    """Put each ``(inbox, item)`` in its waiter's inbox, and release each
+    grant whose waiter left (``Pool._single(call)``). The reader does not
+    yield to the woken waiters before its next round: on 2 cores that made
+    a 2-process handoff 5 % faster and the throughput of 32 processes 18 %
+    slower (docs/performance.md)."""
+
+    items: list[tuple[Any, Any]]
+    releases: list[Call[Any]]
+
+
+ReaderStep = Beat | Exchange | Deliver | Sleep
+
+
+#: Put on a waiter's queue by the router to make it poll once.
+RECHECK = "r|"

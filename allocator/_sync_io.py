@@ -1,0 +1,341 @@
+"""Blocking I/O for the core's steps: :func:`run_step` carries out one
+step (a script call, a confirmed pipeline, a wait, a sleep), :func:`drive`
+runs a flow to its end, and :class:`Reader` is the reader thread of one
+client, which carries out its hub's rounds
+(:class:`~allocator._core.hub.Hub`)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
+
+from redis.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_replies
+from ._core.liveness import HEARTBEAT
+from ._core.pool import Pool
+from ._core.replicas import confirming, moved
+from ._core.steps import Beat, Call, Command, Deliver, Exchange, ReaderStep, Step, Wait
+from ._scripts import Scripts, scripts
+from ._transport import (
+    heartbeat_for,
+    is_cluster,
+    no_client_retries,
+)
+
+__all__ = ["Reader", "drive", "reader_for", "run_call", "run_step"]
+
+_log = logging.getLogger("allocator")
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+def run_call(client: Any, scripts: Scripts, call: Call[T]) -> T:
+    """Run a script call and parse its reply (no retries: the caller's)."""
+    return call.parse(run_step(client, scripts, call, None))
+
+
+def run_step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], Reader] | None) -> Any:
+    """Carry out one step of a flow; ``reader`` gives the client's reader
+    for a Wait."""
+    if isinstance(step, Call):
+        with no_client_retries():
+            sent = None
+            if step.confirm is None:
+                command = scripts.known(client, step.script, step.keys, step.args)
+                if command is not None:
+                    try:
+                        return client.execute_command(*command)
+                    except ResponseError as exc:
+                        sent = (command, exc)
+            commands = scripts.invoke(client, step.script, step.keys, step.args, sent)
+            if step.confirm is not None:
+                send = _send_to_slot if is_cluster(client) else _send_pipelined
+                key = step.keys[0]
+                return drive(
+                    confirming(step, commands),
+                    lambda args: (
+                        send(client, args, key)
+                        if isinstance(args, list)
+                        else client.execute_command(*args)
+                    ),
+                )
+            return drive(commands, lambda args: client.execute_command(*args))
+    if isinstance(step, Wait):
+        assert reader is not None, "a Wait step needs a reader"
+        return reader().wait(step.lid, step.timeout)
+    if isinstance(step, Command):
+        with no_client_retries():
+            return client.execute_command(*step.args)
+    time.sleep(step.seconds)
+    return None
+
+
+def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """A confirmed script call (``_core.replicas.confirming``): its commands in one
+    pipeline on one connection; the replies, errors as values."""
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+
+def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    """Same, on a cluster: one connection to the master of the pool's slot
+    (WAIT names no key, and must follow the writes on their connection)."""
+    node = client.get_node_from_key(key)
+    pool = node.redis_connection.connection_pool
+    conn = _get_connection(pool)
+    try:
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException as exc:
+        conn.disconnect()
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            # The master may be gone (failed over): learn the slots again,
+            # so that the flow's next try goes to the new one.
+            with contextlib.suppress(Exception):
+                client.nodes_manager.initialize()
+        raise
+    finally:
+        pool.release(conn)
+    if moved(replies):
+        client.nodes_manager.initialize()  # learn the new owner of the slot
+    return replies
+
+
+def drive(steps: Generator[S, Any, T], run: Callable[[S], Any]) -> T:
+    """Run a flow to its end. Errors of a step are thrown into the flow,
+    which decides (retry, leave the queue, raise)."""
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply, error = None, None
+        try:
+            reply = run(step)
+        except BaseException as exc:  # handed to the flow, which decides
+            error = exc
+
+
+class Reader:
+    """The one blocking reader of a Redis client in this process (of a
+    cluster client: per hash slot, since one blocking read can only wait on
+    keys of one slot), for every pool whose waiters use that client: a
+    daemon thread that carries out its :class:`~allocator._core.hub.Hub`'s
+    rounds. Waiting threads hold no connection; the reader holds one of
+    the client's connections while anyone waits, and ends (returning it)
+    when nobody is left to wait or to acknowledge.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._scripts = scripts()
+        self._cluster = is_cluster(client)
+        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._conn: Any = None
+        self._closing = False
+
+    @property
+    def cid(self) -> str:
+        return self.hub.cid
+
+    def register(self, pool: Pool, lid: str) -> None:
+        with self._lock:
+            self.hub.register(pool, lid, queue.SimpleQueue())
+
+    def unregister(self, lid: str) -> None:
+        with self._lock:
+            self.hub.unregister(lid)
+
+    def wait(self, lid: str, timeout: float | None) -> Any:
+        with self._lock:
+            inbox = self.hub.inbox(lid)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="allocator-reader", daemon=True
+                )
+                self._thread.start()
+                _READERS.add(self)
+        try:
+            return inbox.get(timeout=timeout)
+        except queue.Empty:
+            return self.hub.trouble
+
+    @property
+    def reading(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def close_connection(self) -> None:
+        """At exit: end the read in flight; the reader then ends quietly."""
+        self._closing = True
+        conn = self._conn
+        if conn is not None:
+            conn.disconnect()
+
+    # -- the thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        rounds = self.hub.rounds(time.monotonic)
+        reply: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                with self._lock:
+                    try:
+                        step = rounds.send(reply) if error is None else rounds.throw(error)
+                    except StopIteration:
+                        self._thread = None
+                        return
+                reply, error = None, None
+                try:
+                    reply = self._carry(step)
+                except Exception as exc:  # handed to the loop, which decides
+                    self._drop_connection()
+                    if self._closing:
+                        return
+                    error = exc
+        finally:
+            self._release_connection()
+
+    def _carry(self, step: ReaderStep) -> Any:
+        """Carry out a step of the hub's loop (:meth:`~allocator._core.hub.Hub.rounds`)."""
+        if isinstance(step, Exchange):
+            return self._exchange(step.acks, step.keys, step.block)
+        if isinstance(step, Beat):
+            return [(key, run_call(self._client, self._scripts, call)) for key, call in step.calls]
+        if isinstance(step, Deliver):
+            for inbox, item in step.items:
+                inbox.put(item)
+            for call in step.releases:
+                drive(Pool._single(call), self._step)
+            return None
+        time.sleep(step.seconds)
+        return None
+
+    def _step(self, step: Step) -> Any:
+        return run_step(self._client, self._scripts, step, None)
+
+    def _exchange(
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
+    ) -> list[tuple[Any, Any]]:
+        """One round trip: acknowledgements, a blocking pop on ``keys``, then
+        what else is on them. Returns the popped ``(key, message)`` pairs."""
+        if self._cluster:
+            # All keys of one reader share a slot; the cluster client finds
+            # its node and follows MOVED. Commands one by one.
+            with no_client_retries():
+                for pick, lids in acks:
+                    self._client.zrem(pick, *lids)
+                if not keys:
+                    return []
+                first = self._client.blpop(keys, timeout=block)
+                rest = [(key, self._client.lpop(key, BATCH)) for key in keys] if first else []
+            return popped(first, rest)
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = _get_connection(self._client.connection_pool)
+        commands = round_commands(acks, keys, block)
+        conn.send_packed_command(conn.pack_commands(commands))
+        # The blocking read may last `block`, whatever the client's socket
+        # timeout: wait for the reply here, then read it.
+        replies = []
+        wait = block + READ_SLACK
+        for _ in commands:
+            try:
+                if _READ_TIMEOUT:
+                    replies.append(conn.read_response(timeout=wait))
+                else:
+                    if getattr(conn, "_sock", True) is None:  # closed under it
+                        raise RedisConnectionError("the reader's connection was closed")
+                    if not conn.can_read(timeout=wait):
+                        raise RedisTimeoutError("no reply from the server to the reader's round")
+                    replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return round_replies(commands, replies)
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+            with contextlib.suppress(Exception):
+                self._client.connection_pool.release(conn)
+
+    def _release_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                self._client.connection_pool.release(conn)
+
+
+#: Whether this redis-py reads a reply with its own timeout (newer ones do);
+#: older ones wait with can_read first.
+_READ_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
+
+
+def _get_connection(pool: Any) -> Any:
+    """A connection of the client's own pool (redis-py < 5.3 wants a command name)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("BLPOP")
+
+
+_REGISTRY_LOCK = threading.Lock()
+_REGISTRY: weakref.WeakKeyDictionary[Any, dict[tuple[int, int | None], Reader]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def reader_for(client: Any, pool: Pool) -> Reader:
+    """The reader of ``client`` in this process (of a cluster client: for
+    the pool's slot), made on first use."""
+    where = (os.getpid(), pool.slot if is_cluster(client) else None)
+    with _REGISTRY_LOCK:
+        readers = _REGISTRY.setdefault(client, {})
+        reader = readers.get(where)
+        if reader is None:
+            reader = readers[where] = Reader(client)
+        return reader
+
+
+_READERS: weakref.WeakSet[Reader] = weakref.WeakSet()
+
+
+def _close_readers() -> None:
+    """At interpreter exit, a reader (a daemon thread) may still be in its
+    last blocking read, at most a heartbeat after its last waiter left.
+    Close its connection, so that no socket is left open."""
+    for reader in list(_READERS):
+        if reader.reading:
+            with contextlib.suppress(Exception):
+                reader.close_connection()
+
+
+atexit.register(_close_readers)
