@@ -103,6 +103,43 @@ def leaser(
             raise ValueError(f"unknown command {command!r}")
 
 
+def async_leaser(
+    url: str,
+    name: str,
+    inbox: Any,
+    outbox: Any,
+    timeout: float | None = 60.0,
+    ttl: float | None = None,
+) -> None:
+    """The asyncio twin of :func:`leaser` (``wait_go`` always on): report
+    ``("ready", pid)``, wait for ``"go"``, acquire with an
+    AsyncFairAllocator, report ``("granted", lease)`` or ``("timeout",
+    waited)``; then ``"release"`` -> ``("released", bool)`` and the end."""
+    import asyncio
+
+    import redis.asyncio
+
+    from allocator import AsyncFairAllocator
+
+    async def run() -> None:
+        client = redis.asyncio.Redis.from_url(url)
+        pool = AsyncFairAllocator(client, name)
+        loop = asyncio.get_running_loop()
+        outbox.put(("ready", os.getpid()))
+        assert await loop.run_in_executor(None, inbox.get) == "go"
+        try:
+            lease = await pool.acquire(timeout, ttl=ttl)
+        except AcquireTimeout as exc:
+            outbox.put(("timeout", exc.waited))
+            return
+        outbox.put(("granted", lease))
+        assert await loop.run_in_executor(None, inbox.get) == "release"
+        outbox.put(("released", await pool.release(lease)))
+        await client.aclose()
+
+    asyncio.run(run())
+
+
 def lease_block(url: str, name: str, inbox: Any, outbox: Any, ttl: float = 60.0) -> None:
     """Hold a lease inside ``with pool.lease()`` until told to leave the block;
     report how the block's exit went: ``("exit", "ok" | "LeaseLost")``."""

@@ -350,10 +350,13 @@ def round_replies(
 
 def popped(first: Any, rest: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """A BLPOP reply (``[key, message]`` or None) and the LPOP replies after
-    it (``(key, [message, ...] or None)``), as ``(key, message)`` pairs."""
-    if not first:
-        return []
-    out = [(first[0], first[1])]
+    it (``(key, [message, ...] or None)``), as ``(key, message)`` pairs.
+
+    Every message popped is kept, whatever the BLPOP answered: when it
+    timed out and a grant was pushed before the LPOP ran (a ``CLIENT
+    PAUSE`` holds the LPOP while the BLPOP times out), the LPOP popped that
+    grant, and dropping it lost the waiter its turn (FAILURE-MODES.md, 27)."""
+    out = [(first[0], first[1])] if first else []
     for key, messages in rest:
         out += [(key, message) for message in messages or ()]
     return out
