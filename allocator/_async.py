@@ -19,7 +19,7 @@ from typing import (
     overload,
 )
 
-from ._async_io import Reader, drive, reader_for, run_step
+from ._async_io import Reader, drive, reader_for, readers_of, run_step
 from ._core.keys import pool_names, pools_pattern
 from ._core.pool import Pool
 from ._core.steps import Flow, Step
@@ -82,6 +82,20 @@ class AsyncFairAllocator:
     @property
     def name(self) -> str:
         return self._pool.name
+
+    async def close(self) -> None:
+        """Same as :meth:`FairAllocator.close <allocator.FairAllocator.close>`,
+        awaitable: the reader of this allocator's client in the running
+        event loop (a task) ends, and the releases it started. Also the exit
+        of ``async with AsyncFairAllocator(...) as pool:``."""
+        for reader in readers_of(self._client):
+            await reader.finish()
+
+    async def __aenter__(self) -> AsyncFairAllocator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     @property
     def client(self) -> Any:
@@ -301,6 +315,11 @@ class AsyncFairAllocator:
         """Same as :meth:`FairAllocator.quarantine <allocator.FairAllocator.quarantine>`,
         awaitable."""
         return await self._drive(self._pool.quarantine(resource, seconds))
+
+    async def unquarantine(self, resource: str) -> bool:
+        """Same as :meth:`FairAllocator.unquarantine <allocator.FairAllocator.unquarantine>`,
+        awaitable."""
+        return await self._drive(self._pool.unquarantine(resource))
 
     async def delete(self, *, force: bool = False) -> bool:
         """Same as :meth:`FairAllocator.delete <allocator.FairAllocator.delete>`, awaitable."""

@@ -200,6 +200,16 @@ class Reader:
         except TimeoutError:
             return self.hub.trouble
 
+    async def finish(self) -> None:
+        """Same as the sync reader's: unless somebody waits on it, let the
+        reader end (within about a heartbeat) and the releases it started."""
+        task = None if self.hub.waiting else self._task
+        if task is not None and task is not asyncio.current_task():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), self.hub.heartbeat + READ_SLACK)
+        if self._chores:
+            await asyncio.gather(*self._chores, return_exceptions=True)
+
     async def _run(self) -> None:
         rounds = self.hub.rounds(self.loop.time)
         reply: Any = None
@@ -302,6 +312,12 @@ async def _get_connection(pool: Any) -> Any:
 _REGISTRY: weakref.WeakKeyDictionary[Any, dict[tuple[int, int | None], Reader]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def readers_of(client: Any) -> list[Reader]:
+    """The readers ``client`` has in the running event loop (none are made)."""
+    loop = asyncio.get_running_loop()
+    return [reader for reader in _REGISTRY.get(client, {}).values() if reader.loop is loop]
 
 
 def reader_for(client: Any, pool: Pool) -> Reader:

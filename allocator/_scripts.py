@@ -58,6 +58,7 @@ OPERATIONS = (
     "leases",
     "stats",
     "quarantine",
+    "unquarantine",
     "delete",
 )
 

@@ -12,7 +12,7 @@ from ._core.keys import pool_names, pools_pattern
 from ._core.pool import Pool
 from ._core.steps import Flow, Step
 from ._scripts import scripts
-from ._sync_io import Reader, drive, reader_for, run_step
+from ._sync_io import Reader, drive, reader_for, readers_of, run_step
 from ._transport import (
     bound_client_retries,
     client_kind,
@@ -84,6 +84,26 @@ class FairAllocator:
     @property
     def name(self) -> str:
         return self._pool.name
+
+    def close(self) -> None:
+        """End the background work of this allocator's client in this
+        process, for a process that wants it gone before it exits: the
+        reader (a daemon thread) sends what it has left to acknowledge and
+        ends, within about a heartbeat (1 s), and its connection goes back
+        to the client's pool. A reader that other threads still wait on is
+        left to them. Leases stay as they are (release them first; a
+        ``lease()`` block's keepalive ends with its block), the client
+        stays open (it is yours: ``client.close()``), and the allocator
+        stays usable: a later wait starts a reader again. Also the exit of
+        ``with FairAllocator(...) as pool:``."""
+        for reader in readers_of(self._client):
+            reader.finish()
+
+    def __enter__(self) -> FairAllocator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def client(self) -> Any:
@@ -374,6 +394,15 @@ class FairAllocator:
         time ends. Raises :class:`~allocator.UnknownResource` if it is not
         in the pool; a draining resource stays draining."""
         return self._drive(self._pool.quarantine(resource, seconds))
+
+    def unquarantine(self, resource: str) -> bool:
+        """End the quarantine of ``resource`` now (an operator's "it works
+        again"): it is back in rotation at once and waiters are served.
+        True if a quarantine ended, False if it was not quarantined (a rate
+        throttle is the resource's own budget and stays; a draining resource
+        stays draining). Raises :class:`~allocator.UnknownResource` if it is
+        not in the pool."""
+        return self._drive(self._pool.unquarantine(resource))
 
     def delete(self, *, force: bool = False) -> bool:
         """Remove the pool and every key it has; False if there was none.

@@ -185,6 +185,16 @@ class Reader:
         except queue.Empty:
             return self.hub.trouble
 
+    def finish(self) -> None:
+        """Unless somebody waits on it: let the reader end, which it does
+        within about a heartbeat (its last blocking read), after sending
+        what it has left to acknowledge; its connection goes back to the
+        client's pool."""
+        with self._lock:
+            thread = None if self.hub.waiting else self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.hub.heartbeat + READ_SLACK)
+
     @property
     def reading(self) -> bool:
         thread = self._thread
@@ -323,6 +333,13 @@ def reader_for(client: Any, pool: Pool) -> Reader:
         if reader is None:
             reader = readers[where] = Reader(client)
         return reader
+
+
+def readers_of(client: Any) -> list[Reader]:
+    """The readers ``client`` has in this process (none are made)."""
+    with _REGISTRY_LOCK:
+        readers = _REGISTRY.get(client, {})
+        return [reader for (pid, _), reader in readers.items() if pid == os.getpid()]
 
 
 _READERS: weakref.WeakSet[Reader] = weakref.WeakSet()

@@ -436,15 +436,21 @@ function P:unpark(limit)
     redis.call('ZREM', self.PARK, name)
     local r = self:res_load(name)
     if r and (r.state == 'q' or r.state == 't') then
-      r.state, r.untl = 'a', '0'
-      if r.rc ~= '0' then
-        self:throttle_if_spent(name, r)
-      end
-      self:place(name, r, true)
-      self:res_save(name, r)
+      self:unpark_one(name, r)
     end
   end
   return #due
+end
+
+-- A quarantine or throttle of r ended (its PARK entry is gone): back into
+-- rotation, or throttled again at once if its rate budget is spent.
+function P:unpark_one(name, r)
+  r.state, r.untl = 'a', '0'
+  if r.rc ~= '0' then
+    self:throttle_if_spent(name, r)
+  end
+  self:place(name, r, true)
+  self:res_save(name, r)
 end
 
 -- Handle what is due, if anything can be; then raise `nd` and `nh` to the

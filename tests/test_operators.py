@@ -16,6 +16,8 @@ from helpers import Background, wait_until
 from allocator import (
     AcquireTimeout,
     AllocatorError,
+    AsyncFairAllocator,
+    FairAllocator,
     LeaseInfo,
     LeaseLost,
     PoolStats,
@@ -122,6 +124,102 @@ def test_quarantine_takes_a_resource_out_without_a_lease(pool: Any) -> None:
     pool.extend(["c"])
     pool.quarantine("c", 0.05)
     assert pool.acquire(timeout=10).resource == "c"
+
+
+def test_unquarantine_puts_a_resource_back_at_once_and_serves_the_queue(pool: Any) -> None:
+    pool.extend(["a"])
+    pool.quarantine("a", 300)
+    waiter = Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
+    assert pool.unquarantine("a") is True
+    lease = waiter.join()
+    assert lease.resource == "a"
+    status = pool.status()
+    assert (status.resources[0].state, status.resources[0].until) == ("leased", None)
+    assert pool.unquarantine("a") is False  # not quarantined: nothing to end
+    assert pool.release(lease, quarantine=300)  # a release's quarantine ends too
+    assert pool.status().resources[0].state == "quarantined"
+    assert pool.unquarantine("a") is True
+    assert pool.acquire(blocking=False) is not None
+    with pytest.raises(UnknownResource):
+        pool.unquarantine("nope")
+    with pytest.raises(TypeError, match="resource"):
+        pool.unquarantine(7)
+
+
+def test_unquarantine_leaves_a_rate_throttle_and_a_draining_resource(pool: Any) -> None:
+    pool.extend(["t"], rate=(1, 300))
+    assert pool.release(pool.acquire(timeout=5))  # its budget is spent: throttled
+    assert pool.status().resources[0].throttled
+    assert pool.unquarantine("t") is False
+    pool.quarantine("t", 600)  # a quarantine over a spent budget...
+    assert pool.unquarantine("t") is True
+    row = pool.status().resources[0]  # ...ends, and the throttle goes on
+    assert row.state == "quarantined" and row.throttled
+    assert pool.acquire(blocking=False) is None
+    pool.extend(["d"])
+    held = pool.acquire(timeout=5)
+    pool.remove(["d"])
+    assert pool.unquarantine("d") is False
+    assert next(r for r in pool.status().resources if r.name == "d").state == "draining"
+    pool.release(held)
+
+
+def test_close_ends_the_reader_and_the_pool_stays_usable(factory: Any, pool_name: str) -> None:
+    """close() lets the client's reader end after its last waiter (its
+    acknowledgements sent: the lease it delivered stays live) and returns
+    its connection; the allocator works on after it, and as a context
+    manager it closes at exit."""
+    pool = factory.pool(pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
+    pool.release(held)
+    pushed = waiter.join()  # delivered by the reader, acknowledged later
+    # A waiter that gives up leaves the reader in its last blocking read.
+    with pytest.raises(AcquireTimeout):
+        pool.acquire(timeout=0.2)
+    inner = getattr(pool, "inner", pool)
+    pool.close()
+    assert not any(_reading(reader) for reader in _readers(inner))
+    assert pool.renew(pushed).token == pushed.token  # acknowledged: still its own
+    assert pool.release(pushed)
+    assert pool.acquire(timeout=5).resource == "r"  # usable after close()
+
+
+def _readers(pool: Any) -> list[Any]:
+    from allocator._async_io import _REGISTRY as ASYNC_READERS
+    from allocator._sync_io import _REGISTRY as SYNC_READERS
+
+    registry = SYNC_READERS if isinstance(pool, FairAllocator) else ASYNC_READERS
+    return list(registry.get(pool.client, {}).values())
+
+
+def _reading(reader: Any) -> bool:
+    task = getattr(reader, "_task", None)
+    return reader.reading if hasattr(reader, "reading") else task is not None and not task.done()
+
+
+def test_allocators_are_context_managers(redis_url: str, pool_name: str) -> None:
+    import asyncio
+
+    import redis
+    import redis.asyncio
+
+    client = redis.Redis.from_url(redis_url)
+    with FairAllocator(client, pool_name) as pool:
+        pool.extend(["r"])
+        assert pool.release(pool.acquire(timeout=5))
+    client.close()
+
+    async def scenario() -> None:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        async with AsyncFairAllocator(aclient, pool_name) as apool:
+            assert await apool.release(await apool.acquire(timeout=5))
+        await aclient.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_quarantine_keeps_a_draining_resource_draining(pool: Any) -> None:

@@ -203,6 +203,19 @@ class Admin(PoolBase):
         yield from self._check_policy()
         return (yield from self._single(Call("quarantine", self.keys, (resource, ms), parse)))
 
+    def unquarantine(self, resource: object) -> Flow[bool]:
+        resource = _text("resource", resource, MAX_RESOURCE)
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("unquarantine", reply)
+            if tag == "unknown" and not rest:
+                raise UnknownResource(self.name, resource)
+            if tag not in ("ended", "none") or rest:
+                raise _unexpected("unquarantine", reply)
+            return tag == "ended"
+
+        return self._single(Call("unquarantine", self.keys, (resource,), parse))
+
     def delete(self, force: object) -> Flow[bool]:
         if not isinstance(force, bool):
             raise TypeError(f"force must be a bool, not {type(force).__name__}")

@@ -97,6 +97,11 @@ class Hub:
         return self._waiters[lid][1]
 
     @property
+    def waiting(self) -> bool:
+        """Some waiter of this client is registered."""
+        return bool(self._waiters)
+
+    @property
     def idle(self) -> bool:
         """Nothing to wait for and nothing to acknowledge: the reader stops."""
         return not self._waiters and not any(s.acks for s in self._served.values())
