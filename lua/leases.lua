@@ -1,13 +1,21 @@
--- leases: every live lease of the pool, read only (see status.lua). A lease
--- past its deadline, or void (its resource left or came back since), is not
--- live and is left out. The owner is the ticket's field `o` (acquire.lua);
--- the lease id, which gives power over the lease, is never sent.
+-- leases: one page of the live leases of the pool, read only (see
+-- status.lua). A lease past its deadline, or void (its resource left or came
+-- back since), is not live and is left out. The owner is the ticket's field
+-- `o` (acquire.lua); the lease id, which gives power over the lease, is
+-- never sent. The pages walk the lease index HELD (members
+-- `<resource>\0<lease id>`, all of score 0) in lexical order, so that no run
+-- reads every lease of a large pool: the client calls again from the member
+-- it was given until that is ''.
 --
--- ARGV: none
--- Reply: {'leases', now_us, resource1, token1, owner1, granted_us1,
---         deadline_ms1, resource2, ...}
-local out = {'leases', P.now_s}
-local held = redis.call('ZRANGE', P.HELD, 0, -1)
+-- ARGV: after (the member the last page ended on; '' for the first page),
+--       count (index members per page)
+-- Reply: {'leases', now_us, next ('' : the last page), resource1, token1,
+--         owner1, granted_us1, deadline_ms1, resource2, ...}
+local after, count = ARGV[1], ARGV[2]
+
+local held = redis.call('ZRANGEBYLEX', P.HELD, after == '' and '-' or '(' .. after, '+',
+  'LIMIT', '0', count)
+local out = {'leases', P.now_s, #held == tonumber(count) and held[#held] or ''}
 for _, member in ipairs(held) do
   local at = string.find(member, '\0', 1, true)
   local lid = at and string.sub(member, at + 1)

@@ -1,15 +1,22 @@
--- status: a snapshot of the pool as of now. Read only: it writes nothing, so
--- a monitoring user whose ACL allows only reads can run it, and looking at a
--- pool that does not exist creates nothing. What a writer would handle first
--- is accounted for instead: a lease past its deadline is not counted (its
--- resource's count of stale leases is sent along), and the client treats a
--- quarantine that ended as over.
+-- status: one page of a snapshot of the pool as of now. Read only: it writes
+-- nothing, so a monitoring user whose ACL allows only reads can run it, and
+-- looking at a pool that does not exist creates nothing. What a writer would
+-- handle first is accounted for instead: a lease past its deadline is not
+-- counted (its resource's count of stale leases is sent along), and the
+-- client treats a quarantine that ended as over.
 --
--- ARGV: none
+-- The resources come in pages (HSCAN over RES), so that no run reads a
+-- whole large pool: the client calls again with the cursor until it is '0'.
+-- Every page carries the header (cheap: a few reads), as of its own run.
+--
+-- ARGV: cursor ('0' for the first page), count (resources per page, a hint)
 -- Reply: {'status', now_us, exists (0 | 1), waiting, oldest_wait_ms, bindings,
---         bind_hits, bind_misses, name1, record1, stale1, name2, ...}
+--         bind_hits, bind_misses, next_cursor ('0': the last page),
+--         name1, record1, stale1, name2, ...}
 --        records as in lua/README.md; stale: leases of that resource past
 --        their deadline and not yet reclaimed
+local cursor, count = ARGV[1], ARGV[2]
+
 local exists = redis.call('EXISTS', unpack(KEYS, 1, 15))
 local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss', 'xw')
 -- A waiting multi request counts once, not once per entry (`xw`: its
@@ -24,23 +31,29 @@ if waiting > 0 then
     oldest = math.max(P.now - tonumber(string.match(head.id, '^(%d+)')), 0)
   end
 end
-local stale = {}
-local due = redis.call('ZRANGEBYSCORE', P.EXP, '-inf', P.now)
-for _, lid in ipairs(due) do
-  local L = P:lease_load(lid)
-  if L and P.counted(L, P:res_load(L.res)) then
-    stale[L.res] = (stale[L.res] or 0) + 1
-  end
-end
+local page = redis.call('HSCAN', P.RES, cursor, 'COUNT', count)
 local out = {
   'status', P.now_s, exists > 0 and 1 or 0, waiting, oldest,
   redis.call('ZCOUNT', P.BEXP, '(' .. P.now, '+inf'), tonumber(meta[1] or 0),
-  tonumber(meta[2] or 0),
+  tonumber(meta[2] or 0), page[1],
 }
-local rows = redis.call('HGETALL', P.RES)
+local rows = page[2]
 for i = 1, #rows, 2 do
-  out[#out + 1] = rows[i]
-  out[#out + 1] = rows[i + 1]
-  out[#out + 1] = stale[rows[i]] or 0
+  local name, raw = rows[i], rows[i + 1]
+  -- Its leases past their deadline (the lease index HELD, by name: only
+  -- for a resource with leases at all).
+  local stale = 0
+  if (tonumber(string.match(raw, '^[^|]*|[^|]*|([^|]*)|')) or 0) > 0 then
+    local held = redis.call('ZRANGEBYLEX', P.HELD, '[' .. name .. '\0', '(' .. name .. '\1')
+    for _, member in ipairs(held) do
+      local L = P:lease_load(string.sub(member, #name + 2))
+      if L and L.deadline <= P.now and P.counted(L, P:res_load(name)) then
+        stale = stale + 1
+      end
+    end
+  end
+  out[#out + 1] = name
+  out[#out + 1] = raw
+  out[#out + 1] = stale
 end
 return out

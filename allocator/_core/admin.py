@@ -22,6 +22,10 @@ _log = logging.getLogger("allocator")
 CHUNK = 500
 #: Entries per gc step.
 GC_COUNT = 100
+#: Resources (status) or leases (leases) read per script run, so that no
+#: run blocks the server for more than about 3 ms however large the pool
+#: (docs/scripts/status_stall.py).
+PAGE = 250
 
 
 class Admin(PoolBase):
@@ -103,17 +107,48 @@ class Admin(PoolBase):
         return self._single(Call("unbind", self.keys, (name,), parse))
 
     def status(self) -> Flow[PoolStatus]:
+        """A snapshot of the pool, read a page of resources per script run
+        (lua/status.lua), so that no run blocks the server for long however
+        large the pool; the header (queue, bindings) is the first page's."""
         yield from self._check_policy()
-        return (yield from self._single(Call("status", self.keys, (), self._parse_status)))
+        head: list[int] | None = None
+        rows: dict[str, ResourceStatus] = {}
+        cursor = "0"
+        while True:
+            call = Call("status", self.keys, (cursor, PAGE), self._status_page)
+            page_head, cursor, page = yield from self._single(call)
+            head = head or page_head
+            # HSCAN may return a resource twice (a rehash between pages).
+            rows.update((row.name, row) for row in page)
+            if cursor == "0":
+                break
+        now_us, exists, waiting, oldest_ms, bindings, hits, misses = head
+        shown = sorted(rows.values(), key=lambda row: row.name)
+        return PoolStatus(
+            name=self.name,
+            size=len(shown),
+            free=sum(1 for row in shown if row.state == "free"),
+            leased=sum(row.leases for row in shown),
+            waiting=max(waiting, 0),
+            resources=tuple(shown),
+            bindings=bindings,
+            bind_hits=hits,
+            bind_misses=misses,
+            server_time=now_us / 1e6,
+            oldest_wait=oldest_ms / 1000,
+            exists=exists == 1,
+        )
 
-    def _parse_status(self, reply: Any) -> PoolStatus:
+    @staticmethod
+    def _status_page(reply: Any) -> tuple[list[int], str, list[ResourceStatus]]:
+        """One page of status.lua: its header, the next cursor, its rows."""
         tag, rest = _tagged("status", reply)
-        if tag != "status" or len(rest) < 7 or (len(rest) - 7) % 3:
+        if tag != "status" or len(rest) < 8 or (len(rest) - 8) % 3:
             raise _unexpected("status", reply)
-        now_us, exists, waiting, oldest_ms, bindings, hits, misses = (int(x) for x in rest[:7])
-        now_ms = now_us // 1000
+        head = [int(x) for x in rest[:7]]
+        now_ms = head[0] // 1000
         rows = []
-        for i in range(7, len(rest), 3):
+        for i in range(8, len(rest), 3):
             name, record = _decode(rest[i]), _decode(rest[i + 1])
             cap, score, used, _fence, state, until, _stamp, rc, rw, _rv = record.split("|")
             # The script wrote nothing: what a writer would handle first is
@@ -139,29 +174,18 @@ class Admin(PoolBase):
                     rate=(int(rc), int(rw) / 1000) if int(rc) else None,
                 )
             )
-        rows.sort(key=lambda row: row.name)
-        return PoolStatus(
-            name=self.name,
-            size=len(rows),
-            free=sum(1 for row in rows if row.state == "free"),
-            leased=sum(row.leases for row in rows),
-            waiting=max(waiting, 0),
-            resources=tuple(rows),
-            bindings=bindings,
-            bind_hits=hits,
-            bind_misses=misses,
-            server_time=now_us / 1e6,
-            oldest_wait=oldest_ms / 1000,
-            exists=exists == 1,
-        )
+        return head, _decode(rest[7]), rows
 
     def leases(self) -> Flow[tuple[LeaseInfo, ...]]:
-        def parse(reply: Any) -> tuple[LeaseInfo, ...]:
+        """Every live lease, read a page of the lease index per script run
+        (lua/leases.lua)."""
+
+        def parse(reply: Any) -> tuple[str, list[LeaseInfo]]:
             tag, rest = _tagged("leases", reply)
-            if tag != "leases" or not rest or (len(rest) - 1) % 5:
+            if tag != "leases" or len(rest) < 2 or (len(rest) - 2) % 5:
                 raise _unexpected("leases", reply)
             out = []
-            for i in range(1, len(rest), 5):
+            for i in range(2, len(rest), 5):
                 resource, token, owner, granted_us, deadline_ms = (
                     _decode(x) for x in rest[i : i + 5]
                 )
@@ -174,10 +198,17 @@ class Admin(PoolBase):
                         expires_at=int(deadline_ms) / 1000,
                     )
                 )
-            out.sort(key=lambda info: (info.resource, info.granted_at, info.token))
-            return tuple(out)
+            return _decode(rest[1]), out
 
-        return self._single(Call("leases", self.keys, (), parse))
+        found: list[LeaseInfo] = []
+        after = ""
+        while True:
+            after, page = yield from self._single(Call("leases", self.keys, (after, PAGE), parse))
+            found += page
+            if not after:
+                break
+        found.sort(key=lambda info: (info.resource, info.granted_at, info.token))
+        return tuple(found)
 
     def stats(self) -> Flow[PoolStats]:
         def parse(reply: Any) -> PoolStats:
