@@ -180,10 +180,19 @@ class Reader:
                 )
                 self._thread.start()
                 _READERS.add(self)
-        try:
-            return inbox.get(timeout=timeout)
-        except queue.Empty:
-            return self.hub.trouble
+        # Waited in slices: a SIGINT that the kernel hands to another thread
+        # of the process (the reader's) only sets Python's flag, and a get
+        # that blocks for ever would never return to see it, so the
+        # KeyboardInterrupt would not reach this waiter (it did not leave
+        # the queue until a message came).
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            span = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
+            try:
+                return inbox.get(timeout=max(span, 0.0))
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return self.hub.trouble
 
     def finish(self) -> None:
         """Unless somebody waits on it: let the reader end, which it does
@@ -316,6 +325,9 @@ def _get_connection(pool: Any) -> Any:
     except TypeError:
         return pool.get_connection("BLPOP")
 
+
+#: The longest a waiting thread blocks at once (see Reader.wait).
+WAIT_SLICE = 0.5
 
 _REGISTRY_LOCK = threading.Lock()
 _REGISTRY: weakref.WeakKeyDictionary[Any, dict[tuple[int, int | None], Reader]] = (

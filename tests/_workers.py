@@ -140,6 +140,32 @@ def async_leaser(
     asyncio.run(run())
 
 
+def interrupted_through_the_reader(url: str, name: str, inbox: Any, outbox: Any) -> None:
+    """Wait in ``acquire(timeout=None)``; on the command ``"aim"``, a helper
+    thread sends SIGINT to the client's reader thread (as the kernel may
+    choose to: a process-directed signal goes to any thread). Reports
+    ``("ready", pid)``, then ``("interrupted", None)`` once the waiter's
+    KeyboardInterrupt came, or ``("granted", lease)``."""
+    import threading
+
+    _client, pool = _pool(url, name, 60.0)
+
+    def aim() -> None:
+        assert inbox.get() == "aim"
+        reader = next(t for t in threading.enumerate() if t.name == "allocator-reader")
+        assert reader.ident is not None
+        signal.pthread_kill(reader.ident, signal.SIGINT)
+
+    threading.Thread(target=aim, daemon=True).start()
+    outbox.put(("ready", os.getpid()))
+    try:
+        lease = pool.acquire(None)
+    except KeyboardInterrupt:
+        outbox.put(("interrupted", None))
+        return
+    outbox.put(("granted", lease))
+
+
 def lease_block(url: str, name: str, inbox: Any, outbox: Any, ttl: float = 60.0) -> None:
     """Hold a lease inside ``with pool.lease()`` until told to leave the block;
     report how the block's exit went: ``("exit", "ok" | "LeaseLost")``."""

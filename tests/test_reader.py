@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from _workers import Proc, async_leaser, leaser
+from _workers import Proc, async_leaser, interrupted_through_the_reader, leaser
 from helpers import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -181,3 +181,24 @@ def test_a_grant_pushed_during_a_client_pause_reaches_its_waiter(
 
 def _go(worker: Any) -> dict[str, Any]:
     return {"wait_go": True} if worker is leaser else {}
+
+
+@pytest.mark.real_redis
+def test_a_sigint_taken_by_the_reader_thread_still_interrupts_the_waiter(
+    redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc]
+) -> None:
+    """The kernel hands a process-directed SIGINT to any of its threads. One
+    taken by the reader only sets Python's flag: a waiter blocked for ever
+    on its inbox never saw it, and stayed queued (test_many's SIGINT case
+    hung so, now and then, under load). It leaves the queue at once."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiter = procs(interrupted_through_the_reader, redis_url, pool_name)
+    waiter.expect("ready")
+    wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
+    wait_until(lambda: blocked_readers(client) == 1, what="its reader blocked")
+    waiter.send("aim")
+    waiter.expect("interrupted", timeout=10)
+    assert pool.status().waiting == 0
+    assert pool.release(held)
