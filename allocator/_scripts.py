@@ -42,12 +42,15 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
+from ._transport import client_kind
+
 __all__ = [
     "OPERATIONS",
     "READ_ONLY",
     "Scripts",
     "library_text",
     "load_functions",
+    "load_functions_async",
     "load_scripts",
     "lua_dir",
     "scripts",
@@ -364,11 +367,32 @@ def scripts() -> Scripts:
 
 def load_functions(client: Any) -> str:
     """Load this version's Functions library on the server of ``client`` (a
-    sync ``redis.Redis``; a ``RedisCluster`` loads it on every master) and
+    blocking ``redis.Redis``; a ``RedisCluster`` loads it on every master) and
     return its name. For an admin: the library loads itself on first use,
     unless the users' ACL allows ``FCALL`` but not ``FUNCTION LOAD`` (the
     least-privilege role in docs/operations.md). Needs Redis >= 7 or Valkey.
+
+    An asyncio client raises ``TypeError`` (its command would only be a
+    coroutine, never run): ``await load_functions_async(client)`` instead.
     """
+    if client_kind(client) != "sync":
+        raise TypeError(
+            "client is an asyncio client: load_functions needs a blocking one; "
+            "use `await allocator.load_functions_async(client)`"
+        )
     made = scripts()
     client.execute_command("FUNCTION", "LOAD", "REPLACE", made.library)
+    return f"allocator_{made.version}"
+
+
+async def load_functions_async(client: Any) -> str:
+    """Same as :func:`load_functions`, awaitable, for an asyncio client
+    (``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster``)."""
+    if client_kind(client) != "async":
+        raise TypeError(
+            "client is a blocking client: load_functions_async needs an asyncio one; "
+            "use allocator.load_functions(client)"
+        )
+    made = scripts()
+    await client.execute_command("FUNCTION", "LOAD", "REPLACE", made.library)
     return f"allocator_{made.version}"
