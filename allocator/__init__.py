@@ -8,7 +8,7 @@
 
 from ._async import AsyncFairAllocator
 from ._core.keys import acl_key_pattern
-from ._scripts import load_functions
+from ._scripts import load_functions, load_functions_async
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
@@ -31,4 +31,5 @@ __all__ = [
     "UnknownResource",
     "acl_key_pattern",
     "load_functions",
+    "load_functions_async",
 ]

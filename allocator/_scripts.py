@@ -17,6 +17,17 @@ follows the server: a library lost to a restart, a failover or ``FUNCTION
 FLUSH`` is loaded again, and a server or a user (its ACL) without Functions
 falls back to scripts for good. ``ALLOCATOR_FUNCTIONS=0`` in the environment
 keeps every client on scripts.
+
+**Reads write nothing.** The read-only operations (:data:`READ_ONLY`) never
+load the library: with the library on the server they run with
+``FCALL_RO``; without it they run as scripts, with ``EVALSHA_RO`` (Redis >=
+7.0, Valkey: the server refuses any write in them) or, where the server
+(Redis 6.2, fakeredis), the client (a Redis Cluster client) or the user's
+ACL has no ``EVALSHA_RO``, with ``EVALSHA`` of the same read-only script. A
+``NOSCRIPT`` is answered by ``EVAL_RO``/``EVAL`` of the text, as for any
+script: the server then caches the script, which writes no key and is not
+replicated. So a monitoring user reads a pool on a server where nobody
+loaded the library, and ``status`` or ``watch`` changes nothing there.
 """
 
 from __future__ import annotations
@@ -31,12 +42,15 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
+from ._transport import client_kind
+
 __all__ = [
     "OPERATIONS",
     "READ_ONLY",
     "Scripts",
     "library_text",
     "load_functions",
+    "load_functions_async",
     "load_scripts",
     "lua_dir",
     "scripts",
@@ -164,6 +178,9 @@ class Scripts:
         self.library = library_text(prelude, bodies, self.version)
         self.function = {op: f"{op}_{self.version}" for op in OPERATIONS}
         self._modes: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        #: Clients whose server or ACL refused EVALSHA_RO/EVAL_RO: they run
+        #: the read-only scripts with EVALSHA/EVAL.
+        self._plain_reads: weakref.WeakSet[Any] = weakref.WeakSet()
         self.enabled = os.environ.get("ALLOCATOR_FUNCTIONS", "1").strip().lower() not in (
             "0",
             "false",
@@ -182,16 +199,25 @@ class Scripts:
 
     def known(self, client: Any, op: str, keys: Any, args: Any) -> tuple[Any, ...] | None:
         """The one command that runs ``op`` on ``client`` once the client's
-        way is known (FCALL, FCALL_RO or EVALSHA), or None before its first
-        call. A shell sends it at once, the common case; should it fail,
-        :meth:`invoke` takes over from that failure (``sent``)."""
+        way is known (FCALL, FCALL_RO, EVALSHA or EVALSHA_RO), or None before
+        its first call. A shell sends it at once, the common case; should it
+        fail, :meth:`invoke` takes over from that failure (``sent``)."""
         mode = self.mode(client)
         if mode is None:
             return None
         if mode == FUNCTIONS:
             verb = "FCALL_RO" if op in READ_ONLY else "FCALL"
             return (verb, self.function[op], len(keys), *keys, *args)
-        return ("EVALSHA", self.sha[op], len(keys), *keys, *args)
+        return (self._verbs(client, op)[0], self.sha[op], len(keys), *keys, *args)
+
+    def _verbs(self, client: Any, op: str) -> tuple[str, str]:
+        """How ``client`` runs ``op`` as a script: by SHA, by text."""
+        # A cluster client routes EVALSHA by its keys itself, but would ask
+        # a node for the keys of EVALSHA_RO on every call.
+        cluster = hasattr(client, "nodes_manager")
+        if op in READ_ONLY and not cluster and client not in self._plain_reads:
+            return ("EVALSHA_RO", "EVAL_RO")
+        return ("EVALSHA", "EVAL")
 
     def invoke(
         self,
@@ -208,8 +234,9 @@ class Scripts:
         that the shell sent already, and the error it met; the flow goes on
         from there instead of sending it again."""
         n = len(keys)
+        read = op in READ_ONLY
         if self.mode(client) != SCRIPTS:
-            verb = "FCALL_RO" if op in READ_ONLY else "FCALL"
+            verb = "FCALL_RO" if read else "FCALL"
             call = (verb, self.function[op], n, *keys, *args)
             try:
                 if sent is not None and sent[0] == call:
@@ -219,33 +246,56 @@ class Scripts:
                 trouble = _functions_trouble(exc)
                 if trouble is None:
                     raise
-                if trouble == "missing":
-                    if (yield from self._load(client)):
-                        try:
-                            reply = yield call
-                        except ResponseError as again:
-                            # Flushed again between the load and the call: this
-                            # call runs as a script, which no flush can race.
-                            if _functions_trouble(again) != "missing":
-                                raise
-                        else:
-                            self._modes[client] = FUNCTIONS
-                            return reply
-                else:
+                if trouble == "unsupported":
                     self._fall_back(client, exc)
+                # A read loads nothing: without the library it runs as a script.
+                elif not read and (yield from self._load(client)):
+                    try:
+                        reply = yield call
+                    except ResponseError as again:
+                        # Flushed again between the load and the call: this
+                        # call runs as a script, which no flush can race.
+                        if _functions_trouble(again) != "missing":
+                            raise
+                    else:
+                        self._modes[client] = FUNCTIONS
+                        return reply
             else:
                 self._modes[client] = FUNCTIONS
                 return reply
+        by_sha, by_text = self._verbs(client, op)
         try:
-            evalsha = ("EVALSHA", self.sha[op], n, *keys, *args)
-            if sent is not None and sent[0] == evalsha:
+            return (yield from self._script(op, by_sha, by_text, keys, args, sent))
+        except ResponseError as exc:
+            if by_sha == "EVALSHA" or not _read_only_refused(exc):
+                raise
+            # Redis 6.2, fakeredis, or an ACL without them: the same
+            # read-only script by EVALSHA, for good (it writes nothing either).
+            _log.debug("allocator: reading with EVALSHA, not EVALSHA_RO: %s", exc)
+            self._plain_reads.add(client)
+        return (yield from self._script(op, "EVALSHA", "EVAL", keys, args, None))
+
+    def _script(
+        self,
+        op: str,
+        by_sha: str,
+        by_text: str,
+        keys: Any,
+        args: Any,
+        sent: tuple[tuple[Any, ...], ResponseError] | None,
+    ) -> Generator[tuple[Any, ...], Any, Any]:
+        """Run ``op`` as a script: by its SHA, else (NOSCRIPT) by its text."""
+        n = len(keys)
+        try:
+            command = (by_sha, self.sha[op], n, *keys, *args)
+            if sent is not None and sent[0] == command:
                 raise sent[1]
-            return (yield evalsha)
+            return (yield command)
         except NoScriptError:
             # Flushed, restarted, failed over: run it by its text, which
             # caches it again. Unlike SCRIPT LOAD then EVALSHA, no flush can
             # land in between.
-            return (yield ("EVAL", self.text[op], n, *keys, *args))
+            return (yield (by_text, self.text[op], n, *keys, *args))
 
     def _load(self, client: Any) -> Generator[tuple[Any, ...], Any, bool]:
         """Load the library (a new server, a restart, FUNCTION FLUSH).
@@ -293,6 +343,19 @@ def _functions_trouble(error: ResponseError) -> str | None:
     return None
 
 
+def _read_only_refused(error: ResponseError) -> bool:
+    """Did the server (Redis 6.2, fakeredis) or the user's ACL refuse
+    EVALSHA_RO or EVAL_RO itself (not a command inside the script)?"""
+    if isinstance(error, NoScriptError):
+        return False
+    lowered = str(error).lower()
+    if "unknown command" in lowered and "_ro" in lowered:
+        return True
+    return isinstance(error, NoPermissionError) and any(
+        f"{quote}{name}{quote}" in lowered for name in ("evalsha_ro", "eval_ro") for quote in "'`"
+    )
+
+
 _SCRIPTS: list[Scripts] = []
 
 
@@ -305,11 +368,32 @@ def scripts() -> Scripts:
 
 def load_functions(client: Any) -> str:
     """Load this version's Functions library on the server of ``client`` (a
-    sync ``redis.Redis``; a ``RedisCluster`` loads it on every master) and
+    blocking ``redis.Redis``; a ``RedisCluster`` loads it on every master) and
     return its name. For an admin: the library loads itself on first use,
     unless the users' ACL allows ``FCALL`` but not ``FUNCTION LOAD`` (the
     least-privilege role in docs/operations.md). Needs Redis >= 7 or Valkey.
+
+    An asyncio client raises ``TypeError`` (its command would only be a
+    coroutine, never run): ``await load_functions_async(client)`` instead.
     """
+    if client_kind(client) != "sync":
+        raise TypeError(
+            "client is an asyncio client: load_functions needs a blocking one; "
+            "use `await allocator.load_functions_async(client)`"
+        )
     made = scripts()
     client.execute_command("FUNCTION", "LOAD", "REPLACE", made.library)
+    return f"allocator_{made.version}"
+
+
+async def load_functions_async(client: Any) -> str:
+    """Same as :func:`load_functions`, awaitable, for an asyncio client
+    (``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster``)."""
+    if client_kind(client) != "async":
+        raise TypeError(
+            "client is a blocking client: load_functions_async needs an asyncio one; "
+            "use allocator.load_functions(client)"
+        )
+    made = scripts()
+    await client.execute_command("FUNCTION", "LOAD", "REPLACE", made.library)
     return f"allocator_{made.version}"

@@ -30,8 +30,14 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.client import Pipeline as SyncPipeline
+from redis.cluster import ClusterPipeline as SyncClusterPipeline
 from redis.retry import Retry as SyncRetry
+from redis.sentinel import Sentinel as SyncSentinel
 
 from ._core.liveness import HEARTBEAT
 
@@ -52,9 +58,33 @@ def client_kind(client: object) -> str:
     An asyncio client (``redis.asyncio.Redis``, ``redis.asyncio.cluster.
     RedisCluster``, fakeredis ``FakeAsyncRedis``, or any client whose
     ``execute_command`` is a coroutine function) is ``"async"``; a client
-    with a plain ``execute_command`` is ``"sync"``. Anything without one is
-    no Redis client: ``TypeError``.
+    with a plain ``execute_command`` is ``"sync"``. Anything else is no
+    client to run the pool's calls on: ``TypeError``, saying what to pass.
+    Three of those have an ``execute_command`` of their own: a client's
+    class (``redis.Redis`` rather than ``redis.Redis(...)``), a pipeline
+    (it buffers every command until ``execute()``: a call would wait for
+    ever while the buffer grew) and a Sentinel manager (it talks to the
+    Sentinels, not to the master).
     """
+    if isinstance(client, type):
+        raise TypeError(
+            f"client must be a Redis client, not the class {client.__module__}."
+            f"{client.__qualname__}: pass an instance of it, "
+            f"{client.__qualname__}(...) or {client.__qualname__}.from_url(url)"
+        )
+    if isinstance(client, _PIPELINES):
+        raise TypeError(
+            f"client must be a Redis client, not a pipeline ({type(client).__module__}."
+            f"{type(client).__qualname__}): a pipeline holds every command until "
+            "execute(), so a call on it would never get its reply; pass the client "
+            "the pipeline was made from"
+        )
+    if isinstance(client, _SENTINELS):
+        raise TypeError(
+            "client must be a Redis client, not a Sentinel manager "
+            f"({type(client).__module__}.{type(client).__qualname__}), which talks to the "
+            "Sentinels: pass the master's client, Sentinel(...).master_for('service-name')"
+        )
     execute = getattr(client, "execute_command", None)
     if execute is None or not callable(execute):
         raise TypeError(
@@ -67,6 +97,11 @@ def client_kind(client: object) -> str:
     if type(client).__module__.startswith("redis.asyncio"):
         return "async"
     return "sync"
+
+
+#: What ``client_kind`` refuses for all their ``execute_command``.
+_PIPELINES = (SyncPipeline, AsyncPipeline, SyncClusterPipeline, AsyncClusterPipeline)
+_SENTINELS = (SyncSentinel, AsyncSentinel)
 
 
 def _failed(error: Exception, fail: Any, args: Any, kwargs: Any) -> Any:

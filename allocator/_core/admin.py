@@ -11,7 +11,7 @@ from typing import Any
 from .._values import GCReport, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from ..errors import AllocatorError, UnknownResource
 from .base import PoolBase
-from .checks import MAX_PRIORITY, MAX_RESOURCE, _ms, _resources, _seconds, _text
+from .checks import MAX_PRIORITY, MAX_RESOURCE, _int, _ms, _resources, _seconds, _shown, _text
 from .replies import _decode, _tagged, _unexpected, stats_from_fields
 from .steps import Call, Flow
 
@@ -37,26 +37,21 @@ class Admin(PoolBase):
         self, resources: object, capacity: object, priority: object, rate: object
     ) -> Flow[int]:
         names = _resources(resources)
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
-        if not 1 <= capacity <= 2**31:
-            raise ValueError(f"capacity must be 1 to {2**31}, got {capacity}")
+        capacity = _int("capacity", capacity, 1, 2**31)
         if isinstance(priority, bool) or not isinstance(priority, (int, float)):
             raise TypeError(f"priority must be a number, not {type(priority).__name__}")
+        priority = int(priority) if isinstance(priority, int) else float(priority)
         if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:  # also NaN, inf and 10**400
             raise ValueError(
-                f"priority must be a finite number within +-{MAX_PRIORITY:.0e}, got {priority!r}"
+                f"priority must be a finite number within +-{MAX_PRIORITY:.0e}, "
+                f"got {_shown(priority)}"
             )
         score = repr(-priority) if isinstance(priority, float) else str(-priority)
         count, window_ms = 0, 0
         if rate is not None:
             if not isinstance(rate, (tuple, list)) or len(rate) != 2:
                 raise TypeError("rate must be a (count, seconds) pair or None")
-            count = rate[0]
-            if isinstance(count, bool) or not isinstance(count, int):
-                raise TypeError(f"rate count must be an int, not {type(count).__name__}")
-            if not 1 <= count <= 1_000_000:
-                raise ValueError(f"rate count must be 1 to 1000000, got {count}")
+            count = _int("rate count", rate[0], 1, 1_000_000)
             window_ms = _ms(_seconds("rate seconds", rate[1]))
         return self._chunked("extend", names, (capacity, score, count, window_ms), "extended")
 

@@ -21,6 +21,7 @@ from .checks import (
     MAX_REPLICAS,
     MAX_RESOURCE,
     MAX_TOKEN,
+    _int,
     _ms,
     _seconds,
     _text,
@@ -81,17 +82,13 @@ class PoolBase:
         prefix = _text("prefix", prefix, MAX_NAME)
         base = f"{_escape(prefix)}:{{{_escape(name)}}}"
         keys = (*tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES), f"{base}:s:")
-        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
-            raise TypeError(f"min_replicas must be an int, not {type(min_replicas).__name__}")
-        if not 0 <= min_replicas <= MAX_REPLICAS:
-            raise ValueError(f"min_replicas must be 0 to {MAX_REPLICAS}, got {min_replicas}")
         return cls(
             name=name,
             prefix=prefix,
             lease_ttl=_seconds("lease_ttl", lease_ttl),
             bind_ttl=_seconds("bind_ttl", bind_ttl),
             keys=keys,
-            min_replicas=min_replicas,
+            min_replicas=_int("min_replicas", min_replicas, 0, MAX_REPLICAS),
             replica_timeout=_seconds("replica_timeout", replica_timeout),
         )
 
@@ -231,11 +228,7 @@ class PoolBase:
         first, dash, second = ticket.partition("-")
         if not (dash and first.isdigit() and second.isdigit() and first.isascii()):
             raise ValueError(f"lease.ticket must be a stream id like '1700000000000-0': {ticket!r}")
-        token = lease.token
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise TypeError(f"lease.token must be an int, not {type(token).__name__}")
-        if not 0 <= token <= MAX_TOKEN:
-            raise ValueError(f"lease.token must be 0 to {MAX_TOKEN}, got {token}")
+        _int("lease.token", lease.token, 0, MAX_TOKEN)
         _seconds("lease.ttl", lease.ttl)
         return lease
 

@@ -42,6 +42,28 @@ MAX_REPLICAS = 1000
 MAX_TOKEN = 2**63 - 1
 
 
+def _int(name: str, value: object, low: int, high: int) -> int:
+    """An int from ``low`` to ``high``, as a plain ``int``: an int subclass
+    (``IntEnum``, ``IntFlag``) is an int to its caller, so it is taken for its
+    value here, rather than sent on as itself (redis-py writes it by its
+    ``repr``, which the server would refuse after the call had started)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    number = int(value)
+    if not low <= number <= high:
+        raise ValueError(f"{name} must be {low} to {high}, got {_shown(number)}")
+    return number
+
+
+def _shown(value: float) -> str:
+    """A number for an error message. Python refuses to write an int of
+    more than 4,300 digits (its int->str limit): such an error would not
+    name the argument. Any int beyond 64 bits is far out of every bound."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
@@ -104,11 +126,7 @@ def _resources(resources: object) -> list[str]:
 
 
 def _count(count: object) -> int:
-    if isinstance(count, bool) or not isinstance(count, int):
-        raise TypeError(f"count must be an int, not {type(count).__name__}")
-    if not 1 <= count <= MAX_COUNT:
-        raise ValueError(f"count must be 1 to {MAX_COUNT}, got {count}")
-    return count
+    return _int("count", count, 1, MAX_COUNT)
 
 
 _OWNER: list[tuple[int, str]] = []
