@@ -100,6 +100,10 @@ class PoolStats:
     reclaimed: int = 0
     revoked: int = 0
     dropped_waiters: int = 0
+    #: Quarantines started by a release with quarantine=
+    quarantined_on_release: int = 0
+    #: Quarantines started by an operator's quarantine()
+    quarantined_by_operator: int = 0
     wait_seconds: tuple[tuple[float, int], ...] = ()
     wait_seconds_sum: float = 0.0
     server_time: float = 0.0

@@ -18,18 +18,47 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
+
+import attrs
+import redis
+from redis.cluster import RedisCluster
 
 from ._sync import FairAllocator
 from ._values import PoolStats, PoolStatus
 
-__all__ = ["STATES", "AllocatorCollector"]
+__all__ = ["DEFAULT_PER_RESOURCE_LIMIT", "STATES", "AllocatorCollector"]
 
 _log = logging.getLogger("allocator")
 
-#: The values of the ``state`` label of ``allocator_resources``.
+#: The values of the ``state`` label of ``allocator_resources`` and
+#: ``allocator_resource_state``.
 STATES = ("free", "leased", "quarantined", "draining")
+
+#: Above this many resources in a pool, its per-resource series
+#: (``allocator_resource_state``, ``allocator_resource_leases``: five series a
+#: resource) are left out, and a warning says so once.
+DEFAULT_PER_RESOURCE_LIMIT = 1000
+
+
+@attrs.frozen
+class _Reading:
+    """One pool in one scrape: its figures, or None when it could not be read."""
+
+    name: str
+    status: PoolStatus | None = None
+    stats: PoolStats | None = None
+
+
+@attrs.frozen
+class _Scrape:
+    """What one scrape found. ``listed``: None for a collector of given
+    pools, else whether the pools under the prefix could be listed."""
+
+    readings: list[_Reading]
+    listed: bool | None
 
 
 class AllocatorCollector:
@@ -37,8 +66,20 @@ class AllocatorCollector:
 
     Either ``pools`` (``FairAllocator`` objects, each scraped), or ``client``
     (a blocking Redis client) and ``prefix``: every pool under the prefix,
-    listed again at each scrape as pools come and go. A pool that cannot be
-    read is left out of that scrape and logged on logger ``allocator``.
+    listed again at each scrape as pools come and go.
+
+    ``allocator_up{pool}`` is 1 for a pool read in this scrape, 0 for one that
+    could not be (the server down or refusing): a collector given a client
+    then reports the pools of its last listing, and ``allocator_up`` without a
+    ``pool`` label says whether the listing itself worked. A pool or listing
+    that cannot be read is logged as one warning on logger ``allocator`` when
+    it starts failing, and one info line when it can be read again, not at
+    every scrape.
+
+    ``per_resource`` (default True) adds a pool's resources one by one
+    (``allocator_resource_state``, ``allocator_resource_leases``), for pools of
+    at most ``per_resource_limit`` resources (None: any size); a larger pool
+    gets only its pool-wide series, and a warning says so once.
     """
 
     def __init__(
@@ -47,12 +88,32 @@ class AllocatorCollector:
         *,
         client: Any = None,
         prefix: str = "alloc",
+        per_resource: bool = True,
+        per_resource_limit: int | None = DEFAULT_PER_RESOURCE_LIMIT,
     ) -> None:
+        if not isinstance(per_resource, bool):
+            raise TypeError(f"per_resource must be a bool, not {type(per_resource).__name__}")
+        if per_resource_limit is not None and (
+            not isinstance(per_resource_limit, int)
+            or isinstance(per_resource_limit, bool)
+            or per_resource_limit < 1
+        ):
+            raise ValueError(
+                f"per_resource_limit must be an int >= 1 or None, not {per_resource_limit!r}"
+            )
         self._pools = list(pools)
         self._client = client
         self._prefix = prefix
+        self._per_resource = per_resource
+        self._limit = per_resource_limit
         if client is None and not self._pools:
             raise ValueError("AllocatorCollector needs pools, or a client to find every pool")
+        # Scrapes may come from several threads (prometheus_client's own
+        # server is threaded): the memory of what failed is shared.
+        self._lock = threading.Lock()
+        self._listed_names: list[str] = []
+        self._unreadable: set[str] = set()  # "" stands for the listing
+        self._over_limit: set[str] = set()
 
     def pools(self) -> list[FairAllocator]:
         if self._client is None:
@@ -61,19 +122,98 @@ class AllocatorCollector:
         return [FairAllocator(self._client, name, prefix=self._prefix) for name in names]
 
     def read(self) -> list[tuple[PoolStatus, PoolStats]]:
-        """The figures of every pool (what one scrape shows)."""
-        out = []
-        for pool in self.pools():
-            try:
-                out.append((pool.status(), pool.stats()))
-            except Exception:
-                _log.warning("allocator: metrics: cannot read pool %r", pool.name, exc_info=True)
-        return out
+        """The figures of every pool that could be read (what one scrape shows)."""
+        return [
+            (r.status, r.stats)
+            for r in self._scrape().readings
+            if r.status is not None and r.stats is not None
+        ]
 
     def describe(self) -> list[Any]:
         # Registering must not read Redis: say nothing (prometheus_client
         # then takes the names from the first collect()).
         return []
+
+    # -- one scrape ---------------------------------------------------------------
+
+    def _scrape(self) -> _Scrape:
+        failed: dict[str, BaseException] = {}
+        listed: bool | None = None
+        if self._client is None:
+            pools = self._pools
+        else:
+            try:
+                pools = self.pools()
+            except Exception as exc:
+                failed[""] = exc
+                pools, listed = [], False
+            else:
+                listed = True
+        readings: list[_Reading] = []
+        down: BaseException | None = None
+        for pool in pools:
+            if down is not None and not isinstance(pool.client, RedisCluster):
+                # The same server just failed to answer: asking again for
+                # every pool would only make the scrape late (each call
+                # retries for up to 2 s).
+                failed[pool.name] = down
+                readings.append(_Reading(pool.name))
+                continue
+            try:
+                readings.append(_Reading(pool.name, pool.status(), pool.stats()))
+            except Exception as exc:
+                failed[pool.name] = exc
+                readings.append(_Reading(pool.name))
+                if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                    down = exc
+        with self._lock:
+            if listed is True:
+                self._listed_names = [p.name for p in pools]
+            elif listed is False:
+                # Nothing could be read: the pools seen last are down.
+                readings = [_Reading(name) for name in self._listed_names]
+                failed.update(dict.fromkeys(self._listed_names, failed[""]))
+            self._report(failed, seen={r.name for r in readings} | {""})
+        return _Scrape(readings, listed)
+
+    def _report(self, failed: dict[str, BaseException], seen: set[str]) -> None:
+        """Log what started failing, and what can be read again, once each."""
+        new = [name for name in failed if name not in self._unreadable]
+        back = sorted(name for name in self._unreadable if name in seen and name not in failed)
+        if new:
+            exc = failed[new[0]]
+            known = isinstance(exc, redis.RedisError)
+            _log.warning(
+                "allocator metrics: cannot read %s (%s); reported as allocator_up 0 until "
+                "it can be read again",
+                _which(new, self._prefix),
+                _one_line(exc),
+                exc_info=None if known else exc,  # a bug, not an outage: keep its traceback
+            )
+        if back:
+            _log.info("allocator metrics: %s can be read again", _which(back, self._prefix))
+        self._unreadable = (self._unreadable | set(new)) - set(back)
+        self._unreadable &= seen | set(failed)
+
+    def _per_resource_allowed(self, status: PoolStatus) -> bool:
+        if not self._per_resource:
+            return False
+        over = self._limit is not None and len(status.resources) > self._limit
+        with self._lock:
+            if over and status.name not in self._over_limit:
+                _log.warning(
+                    "allocator metrics: pool %r has %d resources, more than the per-resource "
+                    "limit (%d): its allocator_resource_* series are left out "
+                    "(per_resource_limit=, allocator metrics --per-resource-limit)",
+                    status.name,
+                    len(status.resources),
+                    self._limit,
+                )
+            if over:
+                self._over_limit.add(status.name)
+            else:
+                self._over_limit.discard(status.name)
+        return not over
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (
@@ -82,8 +222,24 @@ class AllocatorCollector:
             HistogramMetricFamily,
         )
 
+        up = GaugeMetricFamily(
+            "allocator_up",
+            "1 if the pool was read in this scrape, 0 if not (server down or refusing); "
+            "without a pool label: whether the pools could be listed.",
+            labels=["pool"],
+        )
         resources = GaugeMetricFamily(
             "allocator_resources", "Resources in the pool, by state.", labels=["pool", "state"]
+        )
+        resource_state = GaugeMetricFamily(
+            "allocator_resource_state",
+            "1 for the resource's current state, 0 for the others.",
+            labels=["pool", "resource", "state"],
+        )
+        resource_leases = GaugeMetricFamily(
+            "allocator_resource_leases",
+            "Live leases on the resource.",
+            labels=["pool", "resource"],
         )
         leases = GaugeMetricFamily("allocator_leases", "Live leases.", labels=["pool"])
         waiting = GaugeMetricFamily(
@@ -117,26 +273,75 @@ class AllocatorCollector:
                 labels=["pool"],
             ),
         }
+        quarantines = CounterMetricFamily(
+            "allocator_quarantines",
+            "Quarantines started, by cause: release (release(quarantine=)) or operator "
+            "(quarantine()).",
+            labels=["pool", "cause"],
+        )
         wait = HistogramMetricFamily(
             "allocator_wait_seconds",
             "Time from entering the queue to the grant.",
             labels=["pool"],
         )
-        for status, stats in self.read():
-            name = status.name
+        scrape = self._scrape()
+        if scrape.listed is not None:
+            up.add_metric([""], 1 if scrape.listed else 0)
+        for reading in scrape.readings:
+            status, stats, name = reading.status, reading.stats, reading.name
+            up.add_metric([name], 0 if status is None or stats is None else 1)
+            if status is None or stats is None:
+                continue
             by_state = dict.fromkeys(STATES, 0)
             for row in status.resources:
                 by_state[row.state] = by_state.get(row.state, 0) + 1
             for state, count in by_state.items():
                 resources.add_metric([name, state], count)
+            if self._per_resource_allowed(status):
+                for row in status.resources:
+                    for state in STATES:
+                        resource_state.add_metric(
+                            [name, row.name, state], 1 if row.state == state else 0
+                        )
+                    resource_leases.add_metric([name, row.name], row.leases)
             leases.add_metric([name], status.leased)
             waiting.add_metric([name], status.waiting)
             oldest.add_metric([name], status.oldest_wait)
             for field, family in counters.items():
                 family.add_metric([name], getattr(stats, field))
+            quarantines.add_metric([name, "release"], stats.quarantined_on_release)
+            quarantines.add_metric([name, "operator"], stats.quarantined_by_operator)
             buckets = [
                 ("+Inf" if math.isinf(bound) else repr(float(bound)), count)
                 for bound, count in stats.wait_seconds
             ]
             wait.add_metric([name], buckets, stats.wait_seconds_sum)
-        yield from (resources, leases, waiting, oldest, *counters.values(), wait)
+        yield from (
+            up,
+            resources,
+            resource_state,
+            resource_leases,
+            leases,
+            waiting,
+            oldest,
+            *counters.values(),
+            quarantines,
+            wait,
+        )
+
+
+def _which(names: Sequence[str], prefix: str) -> str:
+    """``pool 'a'``, ``pools 'a', 'b' and 3 more``, or the listing."""
+    shown = [f"{n!r}" for n in names if n]
+    parts = []
+    if "" in names:
+        parts.append(f"the list of pools under prefix {prefix!r}")
+    if shown:
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        parts.append(("pool " if len(shown) == 1 else "pools ") + ", ".join(shown[:3]) + more)
+    return " and ".join(parts)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

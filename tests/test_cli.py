@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -111,7 +112,6 @@ def test_unknown_pool_is_one_line_exit_1_and_creates_nothing(
     url, prefix = env
     for argv in (
         ("status", "nope"),
-        ("watch", "nope", "--count", "1"),
         ("remove", "nope", "r"),
         ("quarantine", "nope", "r", "--for", "5"),
         ("delete", "nope", "--yes"),
@@ -144,7 +144,7 @@ def test_server_down_wrong_url_and_refused_password(
     code, _, err = run(capsys, "status", "p", "--url", "http://example.com")
     assert code == 1 and "bad --url" in err
     no_traceback(err)
-    admin = redis.Redis.from_url(url)
+    admin: Any = redis.Redis.from_url(url)
     user = f"u{uuid.uuid4().hex[:8]}"
     admin.execute_command("ACL", "SETUSER", user, "on", ">right", "~*", "+@all")
     host_port = url.split("//", 1)[1].split("/", 1)[0].split("@")[-1]
@@ -192,7 +192,7 @@ def test_read_only_user_sees_everything(
     env: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, prefix = env
-    admin = redis.Redis.from_url(url)
+    admin: Any = redis.Redis.from_url(url)
     FairAllocator(admin, "ro", prefix=prefix).extend(["r"])
     doc = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     line = next(x for x in doc.splitlines() if x.startswith("ACL SETUSER alloc-monitor "))
@@ -435,7 +435,8 @@ def test_demo_reads_redis_url_and_never_prints_its_password(
         port = s.getsockname()[1]
     monkeypatch.setenv("REDIS_URL", f"redis://:hunter2@127.0.0.1:{port}/0")
     code, out, err = run(capsys, "demo", "--quiet")
-    assert code == 2
+    assert code == 1
+    no_traceback(err)
     assert "cannot reach" in err and ":***@" in err
     assert "hunter2" not in out + err
 
@@ -451,3 +452,275 @@ def test_human_durations() -> None:
     assert safe_url("unix:///run/r.sock?password=secret&db=2") == (
         "unix:///run/r.sock?password=***&db=2"
     )
+
+
+# -- the real command, in a subprocess (issue 21) ------------------------------
+
+
+def allocator_command() -> list[str]:
+    """The installed ``allocator`` console script (``python -m allocator``
+    where it is not installed next to this Python)."""
+    script = Path(sys.executable).with_name("allocator")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "allocator"]
+
+
+def cli(
+    *argv: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``allocator ARGV`` to its end (REDIS_URL and ALLOCATOR_PREFIX
+    come from the environment the ``env`` fixture sets)."""
+    return subprocess.run(
+        [*allocator_command(), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def start(*argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*allocator_command(), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_quarantine_end_puts_the_resource_back_and_serves_a_waiter(env: tuple[str, str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "qe", prefix=prefix)
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5)
+    other = next(name for name in ("a", "b") if name != held.resource)
+    done = cli("quarantine", "qe", other, "--for", "600")
+    assert done.returncode == 0 and "quarantined for 10 min" in done.stdout
+    waiter = Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="a waiter behind the quarantine")
+    done = cli("quarantine", "qe", other, "--end")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"pool 'qe': {other!r} quarantine ended, back in rotation\n"
+    assert waiter.join().resource == other  # served at once, not in 10 minutes
+    # Not quarantined (it is leased now): said, and nothing changes.
+    done = cli("quarantine", "qe", other, "--end")
+    assert done.returncode == 0 and "was not quarantined" in done.stdout
+    assert one_error_line(cli("quarantine", "qe", "zz", "--end")) == (
+        "allocator: pool 'qe' has no resource 'zz'"
+    )
+    assert cli("quarantine", "qe", "zz", "--end").returncode == 1
+    # One of --for and --end: usage errors.
+    for argv in (("quarantine", "qe", other), ("quarantine", "qe", other, "--for", "5", "--end")):
+        done = cli(*argv)
+        assert done.returncode == 2 and "usage:" in done.stderr, argv
+
+
+def test_every_option_of_every_command_has_a_help_text() -> None:
+    import argparse
+
+    from allocator.cli import _parser
+
+    parser = _parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands.choices) >= {"status", "watch", "quarantine", "metrics", "demo", "bench"}
+    missing = [
+        (name, action.option_strings or action.dest)
+        for name, sub in [("", parser), *commands.choices.items()]
+        for action in sub._actions
+        if not action.help or action.help == argparse.SUPPRESS
+    ]
+    assert missing == []
+    done = cli("quarantine", "--help")
+    assert done.returncode == 0
+    assert "--for SECONDS" in done.stdout and "comes back by itself" in done.stdout
+    assert "--end" in done.stdout
+
+
+def test_the_exit_code_table_is_in_the_help_and_the_docs() -> None:
+    from allocator.cli import EXIT_CODES
+
+    done = cli("--help")
+    assert done.returncode == 0
+    assert EXIT_CODES in done.stdout
+    for code in ("0", "1", "2", "130"):
+        assert re.search(rf"^  {code} +\S", EXIT_CODES, re.M), code
+    documented = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert EXIT_CODES in documented
+
+
+def test_demo_and_bench_say_unreachable_and_refused_login_in_one_line_exit_1(
+    redis_url: str,
+) -> None:
+    admin: Any = redis.Redis.from_url(redis_url)
+    user = f"u{uuid.uuid4().hex[:8]}"
+    admin.execute_command("ACL", "SETUSER", user, "on", ">right", "~*", "+@all")
+    host_port = redis_url.split("//", 1)[1].split("/", 1)[0].split("@")[-1]
+    refused = f"redis://{user}:hunter2@{host_port}/0"
+    down = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    try:
+        for command in (["demo", "--quiet"], ["bench", "--quick", "--no-json"]):
+            done = cli(*command, "--url", down)
+            assert done.returncode == 1, done.stderr
+            line = one_error_line(done)
+            assert line.startswith("allocator: cannot reach Redis at redis://:***@127.0.0.1:")
+            done = cli(*command, "--url", refused)
+            assert done.returncode == 1, done.stderr
+            line = one_error_line(done)
+            assert "refused the login" in line and "cannot reach" not in line
+            assert "hunter2" not in done.stdout + done.stderr
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_demo_and_bench_on_a_cluster(cluster_url: str) -> None:
+    done = cli("demo", "--quiet", "--url", cluster_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Redis Cluster at" in done.stdout and "all checks passed" in done.stdout
+    done = cli(
+        "bench", "--quick", "--only", "uncontended", "--no-json", "--url", cluster_url, timeout=300
+    )
+    # 1 would be a missed target on a busy machine; a failed scenario says so.
+    assert done.returncode in (0, 1), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "Redis Cluster node" in done.stdout
+    assert "uncontended acquire+release, p50" in done.stdout
+    assert "scenario uncontended failed" not in done.stdout
+    # Neither left a key behind, on any master.
+    for port in _cluster_ports(cluster_url):
+        node = redis.Redis(port=port)
+        assert [k for k in node.scan_iter() if b"demo-" in k or k.startswith(b"allocbench")] == []
+
+
+def _cluster_ports(url: str) -> list[int]:
+    from redis.cluster import RedisCluster
+
+    client: Any = RedisCluster.from_url(url)
+    try:
+        return [int(node.port) for node in client.get_primaries()]
+    finally:
+        client.close()
+
+
+def test_watch_waits_for_a_pool_that_does_not_exist_yet(env: tuple[str, str]) -> None:
+    url, prefix = env
+    with start("watch", "later", "--interval", "0.05") as proc:
+        try:
+            assert proc.stderr is not None and proc.stdout is not None
+            first = proc.stderr.readline()
+            assert first.startswith("allocator watch: no pool named 'later' (prefix ")
+            assert "waiting for it" in first
+            assert proc.poll() is None  # still watching
+            FairAllocator(redis.Redis.from_url(url), "later", prefix=prefix).extend(["r"])
+            while True:
+                line = proc.stdout.readline()
+                assert line, "watch ended before it showed the pool"
+                if "pool 'later' on" in line:
+                    break
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0
+    assert err == ""  # said once: nothing after the first line
+    assert "Traceback" not in out
+    # With --count, a pool still missing at the last look is an error.
+    done = cli("watch", "never", "--interval", "0.01", "--count", "3")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and "waiting for it" in lines[0]
+    assert lines[1].startswith("allocator: no pool named 'never'")
+
+
+def test_the_status_header_counts_slots_and_leases(env: tuple[str, str]) -> None:
+    url, prefix = env
+    client = redis.Redis.from_url(url)
+    slots = FairAllocator(client, "slots", prefix=prefix)
+    slots.extend(["p1", "p2", "p3", "p4"], capacity=2)
+    slots.acquire(timeout=5)
+    done = cli("status", "slots")
+    assert done.returncode == 0
+    assert "4 resources (8 slots): 7 free slots, 1 lease, 0 waiting" in done.stdout
+    one = FairAllocator(client, "one", prefix=prefix)
+    one.extend(["p1", "p2", "p3", "p4"])
+    held = one.acquire(timeout=5)
+    one.quarantine(next(r for r in ("p1", "p2") if r != held.resource), 60)
+    done = cli("watch", "one", "--count", "1")
+    assert done.returncode == 0
+    header = done.stdout.splitlines()[0]
+    assert header.endswith(": 4 resources: 2 free, 1 lease, 0 waiting; 1 quarantined"), header
+
+
+def test_the_headline_of_every_state() -> None:
+    from allocator import PoolStatus, ResourceStatus
+    from allocator.cli.views import headline
+
+    def row(name: str, state: str, leases: int = 0, capacity: int = 3, **kw: Any) -> Any:
+        return ResourceStatus(
+            name=name, capacity=capacity, priority=0, leases=leases, state=state, **kw
+        )
+
+    rows = (
+        row("a", "free", leases=1),
+        row("b", "leased", leases=3),
+        row("c", "quarantined", until=10.0),
+        row("d", "quarantined", until=10.0, throttled=True),
+        row("e", "draining", leases=1),
+    )
+    status = PoolStatus(
+        name="p", size=5, free=1, leased=5, waiting=2, oldest_wait=1.5, resources=rows
+    )
+    assert headline(status) == (
+        "5 resources (15 slots): 2 free slots, 5 leases, 2 waiting (oldest for 1.5 s); "
+        "1 quarantined, 1 rate-limited, 1 draining"
+    )
+    single = PoolStatus(
+        name="p", size=1, free=0, leased=1, waiting=0, resources=(row("a", "leased", 1, 1),)
+    )
+    assert headline(single) == "1 resource: 0 free, 1 lease, 0 waiting"
+
+
+def test_sigterm_ends_metrics_and_watch_with_status_0(env: tuple[str, str]) -> None:
+    url, prefix = env
+    FairAllocator(redis.Redis.from_url(url), "term", prefix=prefix).extend(["r"])
+    for argv, ready in (
+        (("metrics", "term", "--port", "0"), "serving http://"),
+        (("watch", "term", "--interval", "0.05"), "pool 'term' on"),
+    ):
+        with start(*argv) as proc:
+            try:
+                assert proc.stderr is not None and proc.stdout is not None
+                stream = proc.stderr if argv[0] == "metrics" else proc.stdout
+                assert ready in stream.readline()
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert proc.returncode == 0, (argv, err)
+        assert "Traceback" not in err
+
+
+def test_version_works_without_the_cli_extra(tmp_path: Path) -> None:
+    # A plain install: rich, prometheus_client and fakeredis cannot be imported.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "for name in ('rich', 'prometheus_client', 'fakeredis'):\n"
+        "    sys.modules[name] = None\n",
+        encoding="utf-8",
+    )
+    hidden = {"PYTHONPATH": str(tmp_path)}
+    done = cli("--version", env=hidden)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"allocator \d+\.\d+\.\d+\S*\n", done.stdout), done.stdout
+    done = cli("status", "x", env=hidden)
+    assert done.returncode == 1
+    assert "pip install 'redis-fair-allocator[cli]'" in one_error_line(done)

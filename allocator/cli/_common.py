@@ -6,10 +6,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import logging
 import os
+import signal
 import sys
+import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import redis
@@ -27,20 +31,73 @@ from allocator.errors import AllocatorError
 __all__ = [
     "CommandError",
     "Connection",
+    "Terminated",
+    "UsageError",
     "add_connection",
     "ago",
     "connect",
     "console",
+    "is_cluster",
     "iso",
+    "log_to_stderr",
     "run_command",
     "safe_url",
+    "sigterm_ends",
 ]
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
 class CommandError(Exception):
-    """A user's mistake: printed as one line, exit status 1."""
+    """A server or pool error a user can mend: printed as one line, exit status 1."""
+
+
+class UsageError(CommandError):
+    """Options that do not go together: printed as one line, exit status 2."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a service manager stopping a long-running command):
+    a normal end, exit status 0. A BaseException, like KeyboardInterrupt, so
+    that no ``except Exception`` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def sigterm_ends() -> Iterator[None]:
+    """Inside the block, SIGTERM raises :class:`Terminated` (which
+    :func:`run_command` turns into exit status 0); the previous handler is
+    put back after it. Off the main thread (a test), nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def log_to_stderr() -> Iterator[None]:
+    """The library's log (logger ``allocator``, INFO and up) on stderr, one
+    line a message, while the block runs: what a long-running command has to
+    say about the server (the metrics exporter's "cannot read")."""
+    logger = logging.getLogger("allocator")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def add_connection(parser: argparse.ArgumentParser) -> None:
@@ -122,22 +179,28 @@ def connect(args: argparse.Namespace) -> Connection:
         client: Any = redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise CommandError(f"bad --url {safe_url(url)}: {exc}") from None
-    cluster = False
-    try:
-        cluster = bool(client.info("cluster").get("cluster_enabled"))
-    except (NoPermissionError, ResponseError) as exc:
-        if not _refused(exc):
-            raise
-        # A user without INFO (a monitoring role): ask the cluster itself.
-        with contextlib.suppress(ResponseError):
-            client.execute_command("CLUSTER", "MYID")
-            cluster = True
+    cluster = is_cluster(client)
     if cluster:
         client.close()
         from redis.cluster import RedisCluster
 
         client = RedisCluster.from_url(url, **options)
     return Connection(client, url, prefix, cluster)
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether the server of a plain client is a Redis Cluster node."""
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    except (NoPermissionError, ResponseError) as exc:
+        if not _refused(exc):
+            raise
+    # A user without INFO (a monitoring role): ask the cluster itself.
+    try:
+        client.execute_command("CLUSTER", "MYID")
+    except ResponseError:
+        return False
+    return True
 
 
 def _refused(exc: BaseException) -> bool:
@@ -163,12 +226,16 @@ def describe(exc: BaseException, shown_url: str) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the command ``args.run`` names; user mistakes become one line on
-    stderr (exit 1), Ctrl-C and a closed pipe end quietly."""
+    """Run the command ``args.run`` names. Errors become one line on stderr
+    and the exit status of :data:`allocator.cli.EXIT_CODES`; Ctrl-C (130),
+    SIGTERM where a command allows it (0) and a closed pipe end quietly."""
     handler: Callable[[argparse.Namespace], int] = args.run
     shown = safe_url(url_of(args)) if hasattr(args, "url") else ""
     try:
         return int(handler(args))
+    except UsageError as exc:
+        _error(str(exc))
+        return 2
     except CommandError as exc:
         _error(str(exc))
     except (RedisError, AllocatorError) as exc:
@@ -176,8 +243,11 @@ def run_command(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         # The library's argument checks (before any I/O): a bad value.
         _error(f"bad argument: {exc}")
+        return 2
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        return 0
     except BrokenPipeError:
         # `allocator status x | head`: the reader left. Nothing more to
         # say; stdout is pointed at /dev/null so the exit flush is quiet.

@@ -42,12 +42,23 @@ def register(commands: Any) -> None:
     remove.set_defaults(run=_remove)
 
     quarantine = commands.add_parser(
-        "quarantine", help="keep a resource out of rotation for a while (live leases stay)"
+        "quarantine",
+        help="keep a resource out of rotation for a while (live leases stay), or end that early",
     )
     quarantine.add_argument("pool", help="the pool's name")
     quarantine.add_argument("resource", help="the resource's name")
-    quarantine.add_argument(
-        "--for", dest="seconds", type=positive_float, required=True, metavar="SECONDS"
+    how = quarantine.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "--for",
+        dest="seconds",
+        type=positive_float,
+        metavar="SECONDS",
+        help="how long it stays out (> 0); it comes back by itself when the time ends",
+    )
+    how.add_argument(
+        "--end",
+        action="store_true",
+        help="end its quarantine now: it is free again at once and waiters are served",
     )
     add_connection(quarantine)
     quarantine.set_defaults(run=_quarantine)
@@ -119,12 +130,20 @@ def _quarantine(args: argparse.Namespace) -> int:
     try:
         pool = conn.existing(args.pool)
         try:
-            pool.quarantine(args.resource, args.seconds)
-        except KeyError:
+            if args.end:
+                ended = pool.unquarantine(args.resource)
+            else:
+                pool.quarantine(args.resource, args.seconds)
+        except KeyError:  # UnknownResource
             raise CommandError(f"pool {args.pool!r} has no resource {args.resource!r}") from None
     finally:
         conn.close()
-    print(f"pool {args.pool!r}: {args.resource!r} quarantined for {ago(args.seconds)}")
+    if not args.end:
+        print(f"pool {args.pool!r}: {args.resource!r} quarantined for {ago(args.seconds)}")
+    elif ended:
+        print(f"pool {args.pool!r}: {args.resource!r} quarantine ended, back in rotation")
+    else:
+        print(f"pool {args.pool!r}: {args.resource!r} was not quarantined; nothing changed")
     return 0
 
 

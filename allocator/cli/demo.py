@@ -92,27 +92,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; 0 if every check held, 1 if one failed, 2 if it could not start."""
-    out: TextIO = sys.stdout
+    """Run the demo; 0 if every check held, 1 if one failed or the demo could
+    not run (no server, a refused login, no redis-server for ``--server``:
+    one line on stderr, as every command says it)."""
+    import redis
+
+    from ._common import CommandError, describe, safe_url, url_of
+
+    try:
+        return _start(args, sys.stdout)
+    except CommandError as exc:
+        print(f"allocator: {exc}", file=sys.stderr)
+    except redis.RedisError as exc:
+        print(f"allocator: {describe(exc, safe_url(url_of(args)))}", file=sys.stderr)
+    return 1
+
+
+def _start(args: argparse.Namespace, out: TextIO) -> int:
+    from ._common import CommandError
+
     if args.server:
         from allocator._server import RedisServer, find_redis_server
 
         if find_redis_server() is None:
-            print("allocator demo: --server needs redis-server on PATH", file=sys.stderr)
-            return 2
+            raise CommandError("demo --server needs redis-server on PATH")
         with RedisServer() as server:
             return _run_on(
                 _real_client(server.url), f"private redis-server {server.url}", args, out
             )
     url = args.url or os.environ.get("REDIS_URL")
     if url:
-        from ._common import safe_url
+        from ._common import connect
 
-        return _run_on(_real_client(url), safe_url(url), args, out)
+        # As the other commands connect: a Redis Cluster is detected by itself.
+        conn = connect(argparse.Namespace(url=url, prefix=None))
+        where = f"Redis Cluster at {conn.shown}" if conn.cluster else conn.shown
+        return _run_on(conn.client, where, args, out)
     client = _fake_client()
     if client is None:
-        print(f"allocator demo: {FAKEREDIS_HINT}", file=sys.stderr)
-        return 2
+        raise CommandError(f"demo: {FAKEREDIS_HINT}")
     return _run_on(client, "in-process fakeredis", args, out)
 
 
@@ -246,13 +264,8 @@ def _worker(
 
 
 def _run_on(client: Any, backend: str, args: argparse.Namespace, out: TextIO) -> int:
-    import redis
-
     try:
         return _demo(client, backend, args, out)
-    except redis.ConnectionError as exc:
-        print(f"allocator demo: cannot reach {backend}: {exc}", file=sys.stderr)
-        return 2
     finally:
         client.close()
 
@@ -286,22 +299,13 @@ def _demo(client: Any, backend: str, args: argparse.Namespace, out: TextIO) -> i
         t.join()
     elapsed = time.perf_counter() - began
     status = pool.status()
-    pool.remove(resources)
     if args.pool is None:
-        _drop(client, pool_name)
+        # A pool the demo named itself goes with every key it has, so that
+        # runs leave nothing behind.
+        pool.delete()
+    else:
+        pool.remove(resources)
     return _summarize(rec, status, args, elapsed, out)
-
-
-def _drop(client: Any, pool_name: str) -> None:
-    """Delete the keys of a pool the demo named itself, so that runs leave nothing behind.
-
-    The pool has no API for that (its fencing state must outlive its
-    resources); this one was private to the run, so it can go.
-    """
-    from allocator._core.pool import Pool
-
-    keys = Pool.create(pool_name, lease_ttl=60.0, bind_ttl=3600.0, prefix="alloc").keys
-    client.delete(*(key for key in keys if not key.endswith(":s:")))
 
 
 def _summarize(

@@ -10,9 +10,17 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from allocator.metrics import AllocatorCollector
+from allocator.metrics import DEFAULT_PER_RESOURCE_LIMIT, AllocatorCollector
 
-from ._common import CommandError, Connection, add_connection, connect
+from ._common import (
+    CommandError,
+    Connection,
+    UsageError,
+    add_connection,
+    connect,
+    log_to_stderr,
+    sigterm_ends,
+)
 
 __all__ = ["make_metrics_server", "register"]
 
@@ -28,7 +36,32 @@ def register(commands: Any) -> None:
     )
     metrics.add_argument("--port", type=int, default=9464, help="port (9464; 0: any free one)")
     metrics.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    metrics.add_argument(
+        "--no-per-resource",
+        dest="per_resource",
+        action="store_false",
+        help="leave out the per-resource series (allocator_resource_state, "
+        "allocator_resource_leases: five series a resource)",
+    )
+    metrics.add_argument(
+        "--per-resource-limit",
+        type=_limit,
+        default=DEFAULT_PER_RESOURCE_LIMIT,
+        metavar="N",
+        help="a pool of more than N resources gets no per-resource series, and a warning "
+        f"once ({DEFAULT_PER_RESOURCE_LIMIT}; 0: no limit)",
+    )
     metrics.set_defaults(run=_metrics)
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
 
 
 class _Quiet(WSGIRequestHandler):
@@ -37,13 +70,24 @@ class _Quiet(WSGIRequestHandler):
 
 
 def make_metrics_server(
-    conn: Connection, names: list[str], all_pools: bool, host: str, port: int
+    conn: Connection,
+    names: list[str],
+    all_pools: bool,
+    host: str,
+    port: int,
+    *,
+    per_resource: bool = True,
+    per_resource_limit: int | None = DEFAULT_PER_RESOURCE_LIMIT,
 ) -> WSGIServer:
     """A WSGI server whose ``/metrics`` shows the pools (not yet serving)."""
+    options: dict[str, Any] = {
+        "per_resource": per_resource,
+        "per_resource_limit": per_resource_limit,
+    }
     if all_pools:
-        collector = AllocatorCollector(client=conn.client, prefix=conn.prefix)
+        collector = AllocatorCollector(client=conn.client, prefix=conn.prefix, **options)
     else:
-        collector = AllocatorCollector([conn.pool(name) for name in names])
+        collector = AllocatorCollector([conn.pool(name) for name in names], **options)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     app = make_wsgi_app(registry)
@@ -55,23 +99,34 @@ def make_metrics_server(
 
 def _metrics(args: argparse.Namespace) -> int:
     if not args.pools and not args.all:
-        raise CommandError("name the pools to export, or give --all")
+        raise UsageError("name the pools to export, or give --all")
     if args.pools and args.all:
-        raise CommandError("give either pool names or --all, not both")
+        raise UsageError("give either pool names or --all, not both")
     conn = connect(args)
     try:
         for name in args.pools:
             conn.existing(name)
-        server = make_metrics_server(conn, args.pools, args.all, args.host, args.port)
+        server = make_metrics_server(
+            conn,
+            args.pools,
+            args.all,
+            args.host,
+            args.port,
+            per_resource=args.per_resource,
+            per_resource_limit=args.per_resource_limit or None,
+        )
         host, port = str(server.server_address[0]), int(server.server_address[1])
         what = "every pool" if args.all else ", ".join(repr(n) for n in args.pools)
-        print(
-            f"allocator metrics: {what} (prefix {conn.prefix!r}) on {conn.shown}, "
-            f"serving http://{host}:{port}/metrics",
-            file=sys.stderr,
-            flush=True,
-        )
-        with server:
+        # SIGTERM (a service manager's stop) ends the serving with exit 0,
+        # from the moment the line below says it serves; an outage of the
+        # server is logged as one line, not a traceback.
+        with server, sigterm_ends(), log_to_stderr():
+            print(
+                f"allocator metrics: {what} (prefix {conn.prefix!r}) on {conn.shown}, "
+                f"serving http://{host}:{port}/metrics",
+                file=sys.stderr,
+                flush=True,
+            )
             server.serve_forever()
     finally:
         conn.close()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -27,6 +28,7 @@ from ._common import (
     console,
     iso,
     positive_float,
+    sigterm_ends,
 )
 
 __all__ = ["Snapshot", "register", "render", "snapshot_json"]
@@ -48,14 +50,26 @@ def register(commands: Any) -> None:
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     status.set_defaults(run=_status)
 
-    watch = commands.add_parser("watch", help="the status view, refreshed until Ctrl-C")
+    watch = commands.add_parser(
+        "watch",
+        help="the status view, refreshed until Ctrl-C or SIGTERM (waits for a pool not made yet)",
+    )
     watch.add_argument("pool", help="the pool's name")
     add_connection(watch)
     watch.add_argument(
-        "--interval", type=positive_float, default=2.0, metavar="S", help="seconds (2)"
+        "--interval",
+        type=positive_float,
+        default=2.0,
+        metavar="S",
+        help="seconds between refreshes (2)",
     )
     watch.add_argument(
-        "--count", type=int, default=None, metavar="N", help="stop after N refreshes"
+        "--count",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N refreshes (default: until Ctrl-C or SIGTERM); a refresh that "
+        "finds no pool counts too, and if the last one does, the exit status is 1",
     )
     watch.set_defaults(run=_watch)
 
@@ -74,11 +88,23 @@ class Snapshot:
 
 
 def take(conn: Connection, name: str) -> Snapshot:
+    snap = look(conn, name)
+    if snap is None:
+        raise CommandError(_no_pool(conn, name))
+    return snap
+
+
+def look(conn: Connection, name: str) -> Snapshot | None:
+    """A snapshot of the pool, or None when it does not exist (yet)."""
     pool = conn.pool(name)
     status = pool.status()
     if not status.exists:
-        raise CommandError(f"no pool named {name!r} (prefix {conn.prefix!r}) on {conn.shown}")
+        return None
     return Snapshot(status, pool.leases(), pool.stats(), conn.shown)
+
+
+def _no_pool(conn: Connection, name: str) -> str:
+    return f"no pool named {name!r} (prefix {conn.prefix!r}) on {conn.shown}"
 
 
 # -- pools ------------------------------------------------------------------------
@@ -143,30 +169,69 @@ def _status(args: argparse.Namespace) -> int:
 
 def _watch(args: argparse.Namespace) -> int:
     conn = connect(args)
-    stop = threading.Event()
-    count = 0
+    # SIGTERM (a service manager, `timeout`) ends the watch like Ctrl-C,
+    # but as a normal end: exit status 0.
     try:
-        snap = take(conn, args.pool)
-        if sys.stdout.isatty():
-            with Live(render(snap), console=console(), auto_refresh=False, screen=False) as live:
-                while True:
-                    count += 1
-                    if args.count is not None and count >= args.count:
-                        return 0
-                    stop.wait(args.interval)
-                    live.update(render(take(conn, args.pool)), refresh=True)
-        # Not a terminal: one snapshot per interval, one after the other.
-        plain = console()
-        while True:
-            plain.print(render(snap))
-            print(flush=True)
-            count += 1
-            if args.count is not None and count >= args.count:
-                return 0
-            stop.wait(args.interval)
-            snap = take(conn, args.pool)
+        with sigterm_ends():
+            if sys.stdout.isatty():
+                return _watch_live(conn, args)
+            return _watch_plain(conn, args)
     finally:
         conn.close()
+
+
+def _looks(conn: Connection, args: argparse.Namespace) -> Iterator[Snapshot | None]:
+    """A look at the pool every ``--interval`` seconds, ``--count`` times
+    (else forever). A pool that does not exist (yet, or any more) is waited
+    for, saying so once on stderr; if it is still missing at the last look,
+    that is an error."""
+    said = False
+    count = 0
+    while True:
+        snap = look(conn, args.pool)
+        if snap is None and not said:
+            print(
+                f"allocator watch: {_no_pool(conn, args.pool)} yet; waiting for it "
+                "(Ctrl-C to stop)",
+                file=sys.stderr,
+                flush=True,
+            )
+        said = snap is None
+        count += 1
+        last = args.count is not None and count >= args.count
+        if last and snap is None:
+            raise CommandError(_no_pool(conn, args.pool))
+        yield snap
+        if last:
+            return
+        time.sleep(args.interval)
+
+
+def _waiting_text(conn: Connection, name: str) -> Text:
+    return Text(f"waiting for pool {name!r} (prefix {conn.prefix!r}) on {conn.shown} to exist")
+
+
+def _watch_live(conn: Connection, args: argparse.Namespace) -> int:
+    looks = _looks(conn, args)
+    first = next(looks)
+    view = render(first) if first is not None else _waiting_text(conn, args.pool)
+    with Live(view, console=console(), auto_refresh=False, screen=False) as live:
+        for snap in looks:
+            live.update(
+                render(snap) if snap is not None else _waiting_text(conn, args.pool),
+                refresh=True,
+            )
+    return 0
+
+
+def _watch_plain(conn: Connection, args: argparse.Namespace) -> int:
+    # Not a terminal: one snapshot per interval, one after the other.
+    plain = console()
+    for snap in _looks(conn, args):
+        if snap is not None:
+            plain.print(render(snap))
+            print(flush=True)
+    return 0
 
 
 _STATE_STYLE = {"free": "green", "leased": "yellow", "quarantined": "red", "draining": "magenta"}
@@ -177,13 +242,8 @@ def render(snap: Snapshot) -> Group:
     st, now = snap.status, snap.status.server_time
     head = Text()
     head.append(f"pool {st.name!r}", style="bold")
-    head.append(
-        f" on {snap.where}: {st.size} resources, {st.free} free, {st.leased} leased, "
-        f"{st.waiting} waiting"
-    )
-    if st.waiting:
-        head.append(f" (oldest for {ago(st.oldest_wait)})")
-    head.append(f"   server time {iso(now)}", style="dim")
+    head.append(f" on {snap.where}: {headline(st)}")
+    clock = Text(f"server time {iso(now)}", style="dim")
 
     resources = Table(title="resources", title_justify="left", expand=False)
     for column in ("resource", "state", "leases", "capacity", "priority", "rate", "until"):
@@ -228,10 +288,47 @@ def render(snap: Snapshot) -> Group:
         )
     counters = Text(
         f"since created: {s.grants} grants, {s.timeouts} timeouts, {s.reclaimed} reclaimed, "
-        f"{s.revoked} revoked, {s.dropped_waiters} dropped waiters; wait {waits}",
+        f"{s.revoked} revoked, {s.dropped_waiters} dropped waiters, "
+        f"{s.quarantined_on_release + s.quarantined_by_operator} quarantines "
+        f"({s.quarantined_on_release} on release, {s.quarantined_by_operator} by operators); "
+        f"wait {waits}",
         style="dim",
     )
-    return Group(head, resources, leases, counters)
+    return Group(head, clock, resources, leases, counters)
+
+
+def headline(st: PoolStatus) -> str:
+    """The pool in one line, in resources and leases with capacity in mind:
+    ``4 resources (8 slots): 7 free slots, 1 lease, 0 waiting``; where every
+    capacity is 1, ``4 resources: 3 free, 1 lease, 0 waiting``. Resources
+    out of rotation follow: ``; 1 quarantined, 1 rate-limited, 1 draining``."""
+    slots = sum(row.capacity for row in st.resources)
+    # A slot is free when it can be granted now: on a resource in rotation.
+    free = sum(row.capacity - row.leases for row in st.resources if row.state == "free")
+    text = _count(st.size, "resource")
+    if slots != st.size:
+        text += f" ({_count(slots, 'slot')}): {_count(free, 'free slot')}"
+    else:
+        text += f": {free} free"
+    text += f", {_count(st.leased, 'lease')}, {st.waiting} waiting"
+    if st.waiting:
+        text += f" (oldest for {ago(st.oldest_wait)})"
+    out = {
+        "quarantined": sum(
+            1 for row in st.resources if row.state == "quarantined" and not row.throttled
+        ),
+        "rate-limited": sum(
+            1 for row in st.resources if row.state == "quarantined" and row.throttled
+        ),
+        "draining": sum(1 for row in st.resources if row.state == "draining"),
+    }
+    if any(out.values()):
+        text += "; " + ", ".join(f"{n} {what}" for what, n in out.items() if n)
+    return text
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _quantile(stats: PoolStats, q: float) -> str:
@@ -293,6 +390,8 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             "reclaimed": snap.stats.reclaimed,
             "revoked": snap.stats.revoked,
             "dropped_waiters": snap.stats.dropped_waiters,
+            "quarantined_on_release": snap.stats.quarantined_on_release,
+            "quarantined_by_operator": snap.stats.quarantined_by_operator,
             "wait_seconds_sum": snap.stats.wait_seconds_sum,
             "wait_seconds": [
                 {"le": "+Inf" if b == float("inf") else b, "count": c}

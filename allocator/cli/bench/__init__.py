@@ -27,8 +27,10 @@ together), the arithmetic in
 :mod:`allocator.cli.bench.stats` (pure, unit-tested), the worker processes in
 :mod:`allocator.cli.bench.workers`.
 
-Exit status of :func:`run`: 0 when every target is met, 1 when one is missed
-or a scenario could not run, 2 when the benchmark could not start at all.
+Exit status of :func:`run`: 0 when every target is met, 1 when one is missed,
+a scenario could not run, or the benchmark could not start at all (the
+table of :data:`allocator.cli.EXIT_CODES`). ``--url`` may name a node of a
+Redis Cluster: the run's pools are then placed in that node's slots.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ from typing import Any, TextIO
 import attrs
 import redis
 
-from allocator.cli._common import safe_url
-from allocator.cli.bench.scenarios import Bench
+import allocator
+from allocator.cli._common import CommandError, describe, safe_url
+from allocator.cli.bench.scenarios import Bench, BenchError
 from allocator.cli.bench.stats import format_table
 
 __all__ = ["SCENARIOS", "Plan", "Progress", "add_arguments", "make_plan", "register", "run"]
@@ -202,14 +205,9 @@ def _positive_float(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark; 0 if every target is met, 1 if one is missed or a
-    scenario failed, 2 if the benchmark could not start."""
-    try:
-        import allocator
-        from allocator import FairAllocator  # noqa: F401 - fail early and clearly
-    except ImportError as exc:
-        print(f"allocator bench: cannot import the library: {exc}", file=sys.stderr)
-        return 2
+    """Run the benchmark; 0 if every target is met, 1 if one is missed, a
+    scenario failed, or the benchmark could not start (no redis-server, a
+    server down or refusing the login: one line, as every command says it)."""
     plan = make_plan(bool(args.quick), args.window)
     scenarios: Sequence[str] = args.only or SCENARIOS
     progress = Progress(sys.stderr, total=_step_count(plan, scenarios))
@@ -222,8 +220,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             server = RedisServer().start()
         except (OSError, RuntimeError) as exc:
-            print(f"allocator bench: cannot start redis-server: {exc}", file=sys.stderr)
-            return 2
+            raise CommandError(f"bench: cannot start redis-server: {exc}") from None
         url = server.url
     try:
         try:
@@ -234,10 +231,12 @@ def run(args: argparse.Namespace) -> int:
                 ctx=multiprocessing.get_context(args.start_method),
                 progress=progress,
             )
+        except ValueError as exc:  # from_url
+            raise CommandError(f"bad --url {safe_url(url)}: {exc}") from None
         except redis.RedisError as exc:
-            shown = safe_url(url)
-            print(f"allocator bench: cannot use the server at {shown}: {exc}", file=sys.stderr)
-            return 2
+            raise CommandError(describe(exc, safe_url(url))) from None
+        except BenchError as exc:
+            raise CommandError(f"bench: {exc}") from None
         try:
             bench.run(scenarios)
         finally:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import redis
+from redis.crc import key_slot
 
+from allocator.cli._common import is_cluster
 from allocator.cli.bench.stats import (
     GrantSample,
     Row,
@@ -29,6 +31,7 @@ from allocator.cli.bench.stats import (
 from allocator.cli.bench.workers import (
     LIBRARY,
     SOCKET_TIMEOUT,
+    sync_client,
 )
 
 if TYPE_CHECKING:
@@ -183,10 +186,20 @@ class BenchBase:
         self.ctx = ctx
         self.progress = progress
         self.prefix = f"allocbench-{uuid.uuid4().hex[:8]}"
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT, client_name=f"{self.prefix}-main"
-        )
-        self.redis_version = str(self.client.info("server").get("redis_version", "?"))
+        options: dict[str, Any] = {
+            "socket_timeout": SOCKET_TIMEOUT,
+            "client_name": f"{self.prefix}-main",
+        }
+        #: The server ``url`` names: the baselines (PING, EVALSHA) and the
+        #: figures (INFO, CLIENT LIST) are read there.
+        self.node = redis.Redis.from_url(url, **options)
+        self.cluster = is_cluster(self.node)
+        #: The library's client: on a Redis Cluster a cluster client, as the
+        #: other commands use, with every pool and list of the run placed in
+        #: the slots of ``node`` (:meth:`fresh`), so that its figures are theirs.
+        self.client: Any = sync_client(url, True, **options) if self.cluster else self.node
+        self._slots = _own_slots(self.node) if self.cluster else None
+        self.redis_version = str(self.node.info("server").get("redis_version", "?"))
         self.rows: list[Row] = []
         self.details: dict[str, Any] = {}
         self.problems: list[str] = []
@@ -197,8 +210,13 @@ class BenchBase:
         self._names = 0
 
     def fresh(self, what: str) -> str:
-        self._names += 1
-        return f"bench-{what}-{self._names}"
+        """A new name for a pool (or, as ``{name}``, the hash tag of a key);
+        on a cluster, one whose slot is served by the node of ``--url``."""
+        while True:
+            self._names += 1
+            name = f"bench-{what}-{self._names}"
+            if self._slots is None or key_slot(f"{{{name}}}".encode()) in self._slots:
+                return name
 
     def pool(self, name: str, lease_ttl: float = 60.0) -> FairAllocator:
         from allocator import FairAllocator
@@ -206,13 +224,13 @@ class BenchBase:
         return FairAllocator(self.client, name, lease_ttl=lease_ttl, prefix=self.prefix)
 
     def used_memory(self) -> int:
-        self.client.ping()  # let the server settle this connection's buffers
-        return int(self.client.info("memory")["used_memory"])
+        self.node.ping()  # let the server settle this connection's buffers
+        return int(self.node.info("memory")["used_memory"])
 
     def command_stats(self) -> dict[str, tuple[int, int]]:
         """INFO commandstats as command -> (calls, usec). Commands run by
         scripts are counted too, and their time is inside the script's."""
-        info = self.client.info("commandstats")
+        info = self.node.info("commandstats")
         return {
             key[len("cmdstat_") :]: (int(v["calls"]), int(v["usec"]))
             for key, v in info.items()
@@ -220,7 +238,7 @@ class BenchBase:
         }
 
     def cpu_seconds(self) -> float:
-        info = self.client.info("cpu")
+        info = self.node.info("cpu")
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
     def add(self, row: Row) -> None:
@@ -231,21 +249,33 @@ class BenchBase:
         if not self.private:
             self._delete_keys()
         self.client.close()
+        self.node.close()
 
     def _delete_keys(self) -> None:
         # On a server we do not own, leave nothing behind. Pool keys start with
-        # the pool's prefix; token lists were put under it too.
+        # the pool's prefix; token lists were put under it too. On a cluster
+        # they are all on the node of --url, in slots of their own: one key
+        # per UNLINK there.
         try:
             batch: list[Any] = []
-            for key in self.client.scan_iter(match=f"{self.prefix}*", count=1000):
+            for key in self.node.scan_iter(match=f"{self.prefix}*", count=1000):
                 batch.append(key)
                 if len(batch) >= 1000:
-                    self.client.unlink(*batch)
+                    self._unlink(batch)
                     batch = []
             if batch:
-                self.client.unlink(*batch)
+                self._unlink(batch)
         except redis.RedisError as exc:
             self.problems.append(f"could not delete the benchmark's keys ({self.prefix}*): {exc}")
+
+    def _unlink(self, keys: list[Any]) -> None:
+        if not self.cluster:
+            self.node.unlink(*keys)
+            return
+        pipe = self.node.pipeline(transaction=False)
+        for key in keys:
+            pipe.unlink(key)
+        pipe.execute()
 
     @staticmethod
     def _renew(pools: dict[str, FairAllocator], held: dict[str, Lease | None], tag: str) -> None:
@@ -288,6 +318,22 @@ _BLOCKING_COMMANDS = frozenset(
         "bzmpop", "xread", "xreadgroup", "subscribe", "psubscribe", "ssubscribe",
     }
 )  # fmt: skip
+
+
+def _own_slots(node: Any) -> set[int]:
+    """The hash slots a cluster node serves (CLUSTER SLOTS, by its id)."""
+    me = node.execute_command("CLUSTER", "MYID")
+    me = me.decode() if isinstance(me, bytes) else str(me)
+    owned: set[int] = set()
+    for start, end, master, *_replicas in node.execute_command("CLUSTER", "SLOTS"):
+        ident = master[2].decode() if isinstance(master[2], bytes) else str(master[2])
+        if ident == me:
+            owned.update(range(int(start), int(end) + 1))
+    if not owned:
+        raise BenchError(
+            "the node of --url serves no slot of the cluster (a replica?): name a master"
+        )
+    return owned
 
 
 def _is_waiting(client: dict[str, str]) -> bool:

@@ -53,7 +53,8 @@ class Contended(BenchBase):
             pool = self.pool(target)
             pool.extend(names)
         else:
-            target = f"{self.prefix}:tokens:{self.fresh('tokens')}"
+            # The name as a hash tag: the list lives where the pools do.
+            target = f"{self.prefix}:tokens:{{{self.fresh('tokens')}}}"
             self.client.rpush(target, *names)
         run_ns = int((plan.warmup_s + plan.window_s) * 1e9)
         spec = ContendedSpec(
@@ -66,6 +67,7 @@ class Contended(BenchBase):
             acquire_timeout=30.0,
             lease_ttl=60.0,
             client_name=f"{self.prefix}-worker",
+            cluster=self.cluster,
         )
         pipes: list[Connection] = []
         processes: list[Any] = []

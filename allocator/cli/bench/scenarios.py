@@ -60,6 +60,8 @@ class Bench(Uncontended, Contended, Large, Waiters):
     def header(self, start_method: str) -> str:
         where = urlsplit(self.url)
         server = "private redis-server" if self.private else "server from --url"
+        if self.cluster:
+            server = "Redis Cluster node from --url, the run's pools in its slots"
         return (
             f"allocator bench, {self.plan.describe()}\n"
             f"redis {self.redis_version} ({server} at {where.hostname}:{where.port}), "

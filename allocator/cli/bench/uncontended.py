@@ -30,7 +30,7 @@ class Uncontended(BenchBase):
         self.progress.begin("uncontended acquire+release vs PING")
         pool = self.pool(self.fresh("uncontended"))
         pool.extend(["r0"])
-        script = self.client.register_script("return 1")
+        script = self.node.register_script("return 1")
         ping: list[int] = []
         evalsha: list[int] = []
         acquire: list[int] = []
@@ -42,7 +42,7 @@ class Uncontended(BenchBase):
             # Interleaved sample by sample: whatever the machine does to one
             # series, it does to the others too.
             t0 = now()
-            self.client.ping()
+            self.node.ping()
             t1 = now()
             script()
             t2 = now()

@@ -61,12 +61,13 @@ class Waiters(BenchBase):
             max_connections=plan.helper_connections,
             wait_timeout=max(600.0, n * 0.05),
             lease_ttl=60.0,
+            cluster=self.cluster,
         )
         parent, child = self.ctx.Pipe()
         helper = self.ctx.Process(  # type: ignore[attr-defined]
             target=waiters_helper, args=(spec, child), daemon=True
         )
-        conns = ConnectionSampler(self.client, name)
+        conns = ConnectionSampler(self.node, name)
         try:
             helper.start()
             child.close()

@@ -27,7 +27,7 @@ import redis.asyncio
 
 from allocator.cli.bench.stats import GrantSample
 
-__all__ = ["ContendedSpec", "WaitersSpec", "contended_worker", "waiters_helper"]
+__all__ = ["ContendedSpec", "WaitersSpec", "contended_worker", "sync_client", "waiters_helper"]
 
 LIBRARY = "library"
 TOKENS = "tokens"
@@ -35,6 +35,16 @@ TOKENS = "tokens"
 # Above every wait the benchmark asks for, so that a stuck call turns into an
 # error instead of hanging the run.
 SOCKET_TIMEOUT = 120.0
+
+
+def sync_client(url: str, cluster: bool, **options: Any) -> Any:
+    """A blocking client on ``url``: a ``RedisCluster`` when the server is a
+    cluster node (the parent found out, as the other commands do)."""
+    if cluster:
+        from redis.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, **options)
+    return redis.Redis.from_url(url, **options)
 
 
 @attrs.frozen
@@ -54,6 +64,7 @@ class ContendedSpec:
     acquire_timeout: float
     lease_ttl: float
     client_name: str
+    cluster: bool = False
 
 
 def contended_worker(index: int, spec: ContendedSpec, conn: Connection) -> None:
@@ -65,8 +76,8 @@ def contended_worker(index: int, spec: ContendedSpec, conn: Connection) -> None:
     keeps releasing, so the others drain and exit too.
     """
     try:
-        client = redis.Redis.from_url(
-            spec.url, socket_timeout=SOCKET_TIMEOUT, client_name=spec.client_name
+        client = sync_client(
+            spec.url, spec.cluster, socket_timeout=SOCKET_TIMEOUT, client_name=spec.client_name
         )
         client.ping()
         runner = _library_loop if spec.kind == LIBRARY else _tokens_loop
@@ -86,7 +97,7 @@ def contended_worker(index: int, spec: ContendedSpec, conn: Connection) -> None:
 
 
 def _library_loop(
-    index: int, spec: ContendedSpec, client: redis.Redis, stop_ns: int
+    index: int, spec: ContendedSpec, client: Any, stop_ns: int
 ) -> tuple[list[GrantSample], list[str]]:
     from allocator import AcquireTimeout, FairAllocator
 
@@ -128,7 +139,7 @@ def _library_loop(
 
 
 def _tokens_loop(
-    index: int, spec: ContendedSpec, client: redis.Redis, stop_ns: int
+    index: int, spec: ContendedSpec, client: Any, stop_ns: int
 ) -> tuple[list[GrantSample], list[str]]:
     """The baseline: free resources in a list, acquire = BLPOP, release = RPUSH."""
     samples: list[GrantSample] = []
@@ -175,6 +186,7 @@ class WaitersSpec:
     max_connections: int
     wait_timeout: float
     lease_ttl: float
+    cluster: bool = False
 
 
 def waiters_helper(spec: WaitersSpec, conn: Connection) -> None:
@@ -200,14 +212,29 @@ async def _waiters_main(spec: WaitersSpec, conn: Connection) -> None:
 
     # A bounded pool: enqueueing thousands of tasks at once would otherwise
     # open one connection per in-flight call. Waiting must not need them.
-    cpool = redis.asyncio.BlockingConnectionPool.from_url(
-        spec.url,
-        max_connections=spec.max_connections,
-        timeout=SOCKET_TIMEOUT,
-        socket_timeout=SOCKET_TIMEOUT,
-        client_name=spec.client_name,
-    )
-    client = redis.asyncio.Redis(connection_pool=cpool)
+    client: Any
+    cpool: Any = None
+    if spec.cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        # Its pools do not block when full (they raise): the tasks are
+        # started a few at a time instead (_start), and a little room is
+        # left for the library's reader.
+        client = RedisCluster.from_url(
+            spec.url,
+            max_connections=spec.max_connections + 4,
+            socket_timeout=SOCKET_TIMEOUT,
+            client_name=spec.client_name,
+        )
+    else:
+        cpool = redis.asyncio.BlockingConnectionPool.from_url(
+            spec.url,
+            max_connections=spec.max_connections,
+            timeout=SOCKET_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            client_name=spec.client_name,
+        )
+        client = redis.asyncio.Redis(connection_pool=cpool)
     apool = AsyncFairAllocator(client, spec.pool, lease_ttl=spec.lease_ttl, prefix=spec.prefix)
     grants: list[tuple[int, str, float, int, int]] = []
     errors: list[str] = []
@@ -237,9 +264,17 @@ async def _waiters_main(spec: WaitersSpec, conn: Connection) -> None:
             cmd, arg = conn.recv()
             if cmd == "enqueue":
                 t0 = time.monotonic()
-                for _ in range(int(arg)):
-                    tasks.append(asyncio.ensure_future(waiter(len(tasks))))
-                waiting = await _wait_for_waiting(apool, tasks, deadline=t0 + 120.0)
+                # All at once where the connection pool blocks when full;
+                # else (a cluster) a pool's worth at a time, each batch queued
+                # before the next starts.
+                batch = spec.max_connections if spec.cluster else int(arg)
+                left = int(arg)
+                waiting: int | None = None
+                while left > 0:
+                    for _ in range(min(batch, left)):
+                        tasks.append(asyncio.ensure_future(waiter(len(tasks))))
+                    left -= batch
+                    waiting = await _wait_for_waiting(apool, tasks, deadline=t0 + 120.0)
                 conn.send(
                     (
                         "enqueued",
@@ -279,7 +314,8 @@ async def _waiters_main(spec: WaitersSpec, conn: Connection) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await client.aclose()
-        await cpool.disconnect()
+        if cpool is not None:
+            await cpool.disconnect()
 
 
 async def _wait_for_waiting(

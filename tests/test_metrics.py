@@ -1,0 +1,299 @@
+"""The Prometheus collector (allocator.metrics) and ``allocator metrics``:
+per-resource series and their limit, quarantines by cause, ``allocator_up``
+and one log line per outage. Every exposition is parsed with
+``prometheus_client.parser``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from allocator import FairAllocator
+from allocator._server import RedisServer, find_redis_server, free_port
+from allocator.metrics import DEFAULT_PER_RESOURCE_LIMIT, AllocatorCollector
+
+pytestmark = pytest.mark.real_redis
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def scrape_text(text: str) -> dict[tuple[str, Labels], float]:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def scrape(collector: AllocatorCollector) -> dict[tuple[str, Labels], float]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return scrape_text(generate_latest(registry).decode())
+
+
+def series(values: dict[tuple[str, Labels], float], name: str) -> dict[Labels, float]:
+    return {labels: v for (n, labels), v in values.items() if n == name}
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"m{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    made = redis.Redis.from_url(redis_url)
+    yield made
+    made.close()
+
+
+def test_per_resource_state_and_leases(client: redis.Redis, prefix: str) -> None:
+    pool = FairAllocator(client, "per", prefix=prefix)
+    pool.extend(["a", "b"])
+    pool.extend(["c"], capacity=3)
+    pool.quarantine("b", 60)
+    for _ in range(4):  # a once, c three times: every slot in rotation
+        pool.acquire(timeout=5)
+    pool.extend(["d"])
+    assert pool.acquire(timeout=5).resource == "d"
+    pool.remove(["d"])  # leased: it drains
+    pool.extend(["e"])
+    want = {
+        "a": ("leased", 1),
+        "b": ("quarantined", 0),
+        "c": ("leased", 3),
+        "d": ("draining", 1),
+        "e": ("free", 0),
+    }
+    assert {r.name: (r.state, r.leases) for r in pool.status().resources} == want
+    values = scrape(AllocatorCollector([pool]))
+    state = series(values, "allocator_resource_state")
+    assert state == {
+        (("pool", "per"), ("resource", name), ("state", st)): (1 if st == current else 0)
+        for name, (current, _) in want.items()
+        for st in ("free", "leased", "quarantined", "draining")
+    }
+    assert series(values, "allocator_resource_leases") == {
+        (("pool", "per"), ("resource", name)): leases for name, (_, leases) in want.items()
+    }
+    # Turned off: only the pool-wide series.
+    values = scrape(AllocatorCollector([pool], per_resource=False))
+    assert not series(values, "allocator_resource_state")
+    assert not series(values, "allocator_resource_leases")
+    assert series(values, "allocator_leases") == {(("pool", "per"),): 5}
+
+
+def test_per_resource_limit_leaves_a_large_pool_out_with_one_warning(
+    client: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert DEFAULT_PER_RESOURCE_LIMIT == 1000
+    big = FairAllocator(client, "big", prefix=prefix)
+    big.extend([f"r{i}" for i in range(5)])
+    small = FairAllocator(client, "small", prefix=prefix)
+    small.extend(["x"])
+    collector = AllocatorCollector([big, small], per_resource_limit=4)
+    with caplog.at_level(logging.INFO, logger="allocator"):
+        for _ in range(3):
+            values = scrape(collector)
+            state = series(values, "allocator_resource_state")
+            assert {dict(labels)["pool"] for labels in state} == {"small"}
+            assert series(values, "allocator_resources")[(("pool", "big"), ("state", "free"))] == 5
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "pool 'big' has 5 resources, more than the per-resource limit (4)" in (
+        warnings[0].getMessage()
+    )
+    with pytest.raises(ValueError, match="per_resource_limit"):
+        AllocatorCollector([big], per_resource_limit=0)
+    with pytest.raises(TypeError, match="per_resource"):
+        AllocatorCollector([big], per_resource="no")  # type: ignore[arg-type]
+
+
+def test_quarantines_by_cause_are_exported(client: redis.Redis, prefix: str) -> None:
+    pool = FairAllocator(client, "q", prefix=prefix)
+    pool.extend(["a", "b"])
+    values = scrape(AllocatorCollector([pool]))
+    assert series(values, "allocator_quarantines_total") == {
+        (("cause", "operator"), ("pool", "q")): 0,
+        (("cause", "release"), ("pool", "q")): 0,
+    }
+
+
+def test_quarantines_by_cause_count_each_quarantine(client: redis.Redis, prefix: str) -> None:
+    """Counted by the scripts (PoolStats.quarantined_on_release and
+    quarantined_by_operator): a quarantine shorter than a scrape still shows."""
+    pool = FairAllocator(client, "qc", prefix=prefix)
+    pool.extend(["a", "b"])
+    pool.quarantine("a", 0.001)
+    pool.quarantine("b", 60)
+    lease = pool.acquire(timeout=5)
+    pool.release(lease, quarantine=0.001)
+    values = scrape(AllocatorCollector([pool]))
+    assert series(values, "allocator_quarantines_total") == {
+        (("cause", "operator"), ("pool", "qc")): 2,
+        (("cause", "release"), ("pool", "qc")): 1,
+    }
+
+
+def test_up_per_pool_and_one_warning_per_outage(
+    client: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if find_redis_server() is None:
+        pytest.skip("no redis-server on PATH")
+    healthy = FairAllocator(client, "healthy", prefix=prefix)
+    healthy.extend(["r"])
+    with RedisServer() as server:
+        other = redis.Redis.from_url(server.url)
+        flaky = FairAllocator(other, "flaky", prefix=prefix)
+        flaky.extend(["r"])
+        collector = AllocatorCollector([healthy, flaky])
+        up = series(scrape(collector), "allocator_up")
+        assert up == {(("pool", "healthy"),): 1, (("pool", "flaky"),): 1}
+        server.stop()
+        with caplog.at_level(logging.INFO, logger="allocator"):
+            for _ in range(3):
+                values = scrape(collector)
+                assert series(values, "allocator_up") == {
+                    (("pool", "healthy"),): 1,
+                    (("pool", "flaky"),): 0,
+                }
+                # The pool that cannot be read has no figures, rather than old ones.
+                assert (("pool", "flaky"),) not in series(values, "allocator_leases")
+            down = [r for r in caplog.records if r.name == "allocator"]
+            assert len(down) == 1, [r.getMessage() for r in down]
+            assert down[0].levelno == logging.WARNING and down[0].exc_info is None
+            message = down[0].getMessage()
+            assert message.startswith(
+                "allocator metrics: cannot read pool 'flaky' (ConnectionError"
+            )
+            assert "\n" not in message
+            caplog.clear()
+            server.start()
+            up = series(scrape(collector), "allocator_up")
+            assert up == {(("pool", "healthy"),): 1, (("pool", "flaky"),): 1}
+            back = [r.getMessage() for r in caplog.records if r.name == "allocator"]
+            assert back == ["allocator metrics: pool 'flaky' can be read again"]
+        other.close()
+
+
+def test_up_of_a_collector_that_lists_the_pools(
+    prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if find_redis_server() is None:
+        pytest.skip("no redis-server on PATH")
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        FairAllocator(client, "listed", prefix=prefix).extend(["r"])
+        collector = AllocatorCollector(client=client, prefix=prefix)
+        assert series(scrape(collector), "allocator_up") == {
+            (("pool", ""),): 1,  # the listing: no pool label in Prometheus
+            (("pool", "listed"),): 1,
+        }
+        server.stop()
+        with caplog.at_level(logging.INFO, logger="allocator"):
+            for _ in range(2):
+                assert series(scrape(collector), "allocator_up") == {
+                    (("pool", ""),): 0,
+                    (("pool", "listed"),): 0,  # known from the last listing
+                }
+        messages = [r.getMessage() for r in caplog.records if r.name == "allocator"]
+        assert len(messages) == 1, messages
+        assert messages[0].startswith(
+            f"allocator metrics: cannot read the list of pools under prefix {prefix!r} and "
+            "pool 'listed' (ConnectionError"
+        )
+        client.close()
+
+
+def test_metrics_command_with_the_server_down_says_so_once_then_stops_on_sigterm(
+    prefix: str,
+) -> None:
+    if find_redis_server() is None:
+        pytest.skip("no redis-server on PATH")
+    port = free_port()
+    with RedisServer() as server:
+        FairAllocator(redis.Redis.from_url(server.url), "web", prefix=prefix).extend(["p1", "p2"])
+        with subprocess.Popen(
+            [*allocator_command(), "metrics", "--all", "--port", str(port), "--no-per-resource"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "REDIS_URL": server.url, "ALLOCATOR_PREFIX": prefix},
+        ) as proc:
+            try:
+                assert proc.stderr is not None
+                assert "serving http://" in proc.stderr.readline()
+                values = scrape_text(get(f"http://127.0.0.1:{port}/metrics"))
+                assert series(values, "allocator_up") == {(("pool", ""),): 1, (("pool", "web"),): 1}
+                assert not series(values, "allocator_resource_state")  # --no-per-resource
+                server.stop()
+                for _ in range(2):
+                    values = scrape_text(get(f"http://127.0.0.1:{port}/metrics"))
+                    assert series(values, "allocator_up") == {
+                        (("pool", ""),): 0,
+                        (("pool", "web"),): 0,
+                    }
+                proc.send_signal(15)  # SIGTERM
+                _, err = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    assert proc.returncode == 0
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("allocator metrics: cannot read the list of pools under prefix")
+
+
+def test_metrics_command_per_resource_limit(redis_url: str, prefix: str) -> None:
+    FairAllocator(redis.Redis.from_url(redis_url), "wide", prefix=prefix).extend(["a", "b", "c"])
+    port = free_port()
+    with subprocess.Popen(
+        [*allocator_command(), "metrics", "wide", "--port", str(port), "--per-resource-limit", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REDIS_URL": redis_url, "ALLOCATOR_PREFIX": prefix},
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            assert "serving http://" in proc.stderr.readline()
+            for _ in range(2):
+                values = scrape_text(get(f"http://127.0.0.1:{port}/metrics"))
+                assert not series(values, "allocator_resource_state")
+                assert series(values, "allocator_up") == {(("pool", "wide"),): 1}
+            proc.send_signal(15)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0
+    assert err.strip().splitlines() == [
+        "allocator metrics: pool 'wide' has 3 resources, more than the per-resource limit (2): "
+        "its allocator_resource_* series are left out (per_resource_limit=, allocator metrics "
+        "--per-resource-limit)"
+    ]
+
+
+def allocator_command() -> list[str]:
+    script = Path(sys.executable).with_name("allocator")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "allocator"]
+
+
+def get(address: str) -> str:
+    with urllib.request.urlopen(address, timeout=30) as reply:
+        assert reply.status == 200
+        return str(reply.read().decode())
