@@ -156,7 +156,8 @@ class AsyncFairAllocator:
         """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
         Cancelling the task leaves the queue."""
         reader = self._reader()
-        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid, owner=owner)
+        cid = await reader.cid_for(self._pool)
+        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=cid, owner=owner)
         return await self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.asynccontextmanager
@@ -222,7 +223,8 @@ class AsyncFairAllocator:
         <allocator.FairAllocator.acquire_many>`, awaitable. Cancelling the
         task leaves the queue."""
         reader = self._reader()
-        flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=reader.cid, owner=owner)
+        cid = await reader.cid_for(self._pool)
+        flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=cid, owner=owner)
         return await self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.asynccontextmanager
@@ -320,6 +322,11 @@ class AsyncFairAllocator:
         """Same as :meth:`FairAllocator.unquarantine <allocator.FairAllocator.unquarantine>`,
         awaitable."""
         return await self._drive(self._pool.unquarantine(resource))
+
+    async def revoke(self, lease_id: str) -> bool:
+        """Same as :meth:`FairAllocator.revoke <allocator.FairAllocator.revoke>`,
+        awaitable."""
+        return await self._drive(self._pool.revoke(lease_id))
 
     async def delete(self, *, force: bool = False) -> bool:
         """Same as :meth:`FairAllocator.delete <allocator.FairAllocator.delete>`, awaitable."""

@@ -21,11 +21,24 @@ from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_rep
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
-from ._core.steps import Beat, Call, Command, Deliver, Exchange, Flow, ReaderStep, Step, Wait
+from ._core.retry import RETRY_BUDGET
+from ._core.steps import (
+    Beat,
+    Call,
+    Command,
+    Deliver,
+    Exchange,
+    Flow,
+    ReaderStep,
+    Step,
+    Subscribe,
+    Wait,
+)
 from ._scripts import Scripts, scripts
 from ._transport import (
     heartbeat_for,
     is_cluster,
+    keeps_presence,
     no_client_retries,
 )
 
@@ -164,6 +177,74 @@ def _cancelling(task: asyncio.Task[Any] | None) -> int:
     return int(counter()) if counter is not None else 0
 
 
+class Presence:
+    """Same as the sync shell's presence (:class:`allocator._sync_io.Presence`),
+    awaitable."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._pubsub: Any = None
+        self._sharded = True
+        self._lock = asyncio.Lock()
+
+    async def join(self, channel: str) -> bool:
+        async with self._lock:
+            try:
+                await self._subscribe([channel])
+            except Exception as exc:
+                _log.warning(
+                    "allocator: no presence on %s (%r): the client's waiters there are "
+                    "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
+                    channel,
+                    exc,
+                )
+                return False
+            return True
+
+    async def renew(self, channels: list[str]) -> None:
+        async with self._lock:
+            await self._close()
+            await self._subscribe(channels)
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._close()
+
+    async def _close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
+
+    async def _subscribe(self, channels: list[str]) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub()
+        if self._sharded:
+            try:
+                await self._pubsub.ssubscribe(*channels)
+                await self._confirm(len(channels))
+                return
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._sharded = False
+                await self._close()
+                self._pubsub = self._client.pubsub()
+        await self._pubsub.subscribe(*channels)
+        await self._confirm(len(channels))
+
+    async def _confirm(self, count: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RETRY_BUDGET
+        while count > 0:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise RedisTimeoutError("no confirmation of the presence subscription")
+            message = await self._pubsub.get_message(timeout=left)
+            if message and message.get("type") in ("subscribe", "ssubscribe", b"subscribe"):
+                count -= 1
+
+
 class Reader:
     """Same as the sync shell's reader, as a task: the one blocking reader of
     an asyncio Redis client in one event loop (of a cluster client: per hash
@@ -180,10 +261,19 @@ class Reader:
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._conn: Any = None
+        self.presence = Presence(client) if keeps_presence(client) else None
 
     @property
     def cid(self) -> str:
         return self.hub.cid
+
+    async def cid_for(self, pool: Pool) -> str:
+        """Same as the sync reader's, awaitable."""
+        if not self.hub.presence_decided(pool):
+            channel = pool.presence_channel(self.hub.present_cid)
+            kept = self.presence is not None and await self.presence.join(channel)
+            self.hub.decide_presence(pool, kept)
+        return self.hub.cid_for(pool)
 
     def register(self, pool: Pool, lid: str) -> None:
         self.hub.register(pool, lid, asyncio.Queue())
@@ -209,6 +299,9 @@ class Reader:
                 await asyncio.wait_for(asyncio.shield(task), self.hub.heartbeat + READ_SLACK)
         if self._chores:
             await asyncio.gather(*self._chores, return_exceptions=True)
+        if self.presence is not None and not self.hub.waiting:
+            await self.presence.close()
+            self.hub.forget_presence()
 
     async def _run(self) -> None:
         rounds = self.hub.rounds(self.loop.time)
@@ -252,6 +345,10 @@ class Reader:
                 chore = self.loop.create_task(drive(Pool._single(call), self._step))
                 self._chores.add(chore)
                 chore.add_done_callback(self._chores.discard)
+            return None
+        if isinstance(step, Subscribe):
+            if self.presence is not None:
+                await self.presence.renew(step.channels)
             return None
         await asyncio.sleep(step.seconds)
         return None

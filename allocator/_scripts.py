@@ -73,6 +73,7 @@ OPERATIONS = (
     "stats",
     "quarantine",
     "unquarantine",
+    "revoke",
     "delete",
 )
 

@@ -177,7 +177,9 @@ class FairAllocator:
         push to its signal list, never by polling the pool.
         """
         reader = self._reader()
-        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=reader.cid, owner=owner)
+        flow = self._pool.acquire(
+            timeout, ttl, bind, blocking, cid=reader.cid_for(self._pool), owner=owner
+        )
         return self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.contextmanager
@@ -262,7 +264,9 @@ class FairAllocator:
         ``ValueError``.
         """
         reader = self._reader()
-        flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=reader.cid, owner=owner)
+        flow = self._pool.acquire_many(
+            count, timeout, ttl, blocking, cid=reader.cid_for(self._pool), owner=owner
+        )
         return self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.contextmanager
@@ -403,6 +407,15 @@ class FairAllocator:
         stays draining). Raises :class:`~allocator.UnknownResource` if it is
         not in the pool."""
         return self._drive(self._pool.unquarantine(resource))
+
+    def revoke(self, lease_id: str) -> bool:
+        """End the lease whose id is ``lease_id`` now (an operator's "this
+        holder must let go"): the resource keeps its capacity, priority and
+        rate, and goes to the next waiter at once. The holder learns it at
+        its next renew (:class:`~allocator.LeaseLost`) or release (False),
+        and the exit of its ``lease()`` block raises ``LeaseLost``. True if
+        a live lease ended; False if none has that id (it ended already)."""
+        return self._drive(self._pool.revoke(lease_id))
 
     def delete(self, *, force: bool = False) -> bool:
         """Remove the pool and every key it has; False if there was none.

@@ -27,11 +27,23 @@ from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_rep
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
-from ._core.steps import Beat, Call, Command, Deliver, Exchange, ReaderStep, Step, Wait
+from ._core.retry import RETRY_BUDGET
+from ._core.steps import (
+    Beat,
+    Call,
+    Command,
+    Deliver,
+    Exchange,
+    ReaderStep,
+    Step,
+    Subscribe,
+    Wait,
+)
 from ._scripts import Scripts, scripts
 from ._transport import (
     heartbeat_for,
     is_cluster,
+    keeps_presence,
     no_client_retries,
 )
 
@@ -158,10 +170,25 @@ class Reader:
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         self._closing = False
+        self.presence = Presence(client) if keeps_presence(client) else None
 
     @property
     def cid(self) -> str:
         return self.hub.cid
+
+    def cid_for(self, pool: Pool) -> str:
+        """The client's id in ``pool``. Before its first wait there, its
+        presence in the pool is set up (one round trip, once per pool and
+        process): a subscription to the pool's presence channel."""
+        with self._lock:
+            decided = self.hub.presence_decided(pool)
+        if not decided:
+            channel = pool.presence_channel(self.hub.present_cid)
+            kept = self.presence is not None and self.presence.join(channel)
+            with self._lock:
+                self.hub.decide_presence(pool, kept)
+        with self._lock:
+            return self.hub.cid_for(pool)
 
     def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
@@ -203,6 +230,10 @@ class Reader:
             thread = None if self.hub.waiting else self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.hub.heartbeat + READ_SLACK)
+        if self.presence is not None and not self.hub.waiting:
+            self.presence.close()
+            with self._lock:
+                self.hub.forget_presence()
 
     @property
     def reading(self) -> bool:
@@ -252,6 +283,10 @@ class Reader:
                 inbox.put(item)
             for call in step.releases:
                 drive(Pool._single(call), self._step)
+            return None
+        if isinstance(step, Subscribe):
+            if self.presence is not None:
+                self.presence.renew(step.channels)
             return None
         time.sleep(step.seconds)
         return None
@@ -311,6 +346,82 @@ class Reader:
         if conn is not None:
             with contextlib.suppress(Exception):
                 self._client.connection_pool.release(conn)
+
+
+class Presence:
+    """The presence of one reader's client in this process (CONTRACT.md
+    section 11): one connection, subscribed to the presence channel of each
+    pool the client waits in (sharded channels where the server has them:
+    SSUBSCRIBE on Redis >= 7 and Valkey, SUBSCRIBE on 6.2). Nothing is ever
+    published there; the scripts count its subscribers, and the server
+    drops it the moment this process dies."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._pubsub: Any = None
+        self._sharded = True
+        self._lock = threading.Lock()
+
+    def join(self, channel: str) -> bool:
+        """Subscribe to ``channel`` as well; False (said in the log) if this
+        client cannot keep a presence there (an ACL without the channel)."""
+        with self._lock:
+            try:
+                self._subscribe([channel])
+            except Exception as exc:
+                _log.warning(
+                    "allocator: no presence on %s (%r): the client's waiters there are "
+                    "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
+                    channel,
+                    exc,
+                )
+                return False
+            return True
+
+    def renew(self, channels: list[str]) -> None:
+        """Subscribe to ``channels`` again on a new connection: the server
+        lost the subscription (a restart, a failover, a dropped socket)."""
+        with self._lock:
+            self._close()
+            self._subscribe(channels)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
+    def _subscribe(self, channels: list[str]) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub()
+        if self._sharded:
+            try:
+                self._pubsub.ssubscribe(*channels)
+                self._confirm(len(channels))
+                return
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._sharded = False  # Redis 6.2: plain channels
+                self._close()
+                self._pubsub = self._client.pubsub()
+        self._pubsub.subscribe(*channels)
+        self._confirm(len(channels))
+
+    def _confirm(self, count: int) -> None:
+        """Read the server's confirmations (a refusal is raised here)."""
+        deadline = time.monotonic() + RETRY_BUDGET
+        while count > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RedisTimeoutError("no confirmation of the presence subscription")
+            message = self._pubsub.get_message(timeout=left)
+            if message and message.get("type") in ("subscribe", "ssubscribe", b"subscribe"):
+                count -= 1
 
 
 #: Whether this redis-py reads a reply with its own timeout (newer ones do);

@@ -46,6 +46,7 @@ __all__ = [
     "client_kind",
     "heartbeat_for",
     "is_cluster",
+    "keeps_presence",
     "no_client_retries",
 ]
 
@@ -226,6 +227,16 @@ def heartbeat_for(client: Any) -> float:
     if isinstance(socket_timeout, (int, float)) and socket_timeout > 0:
         return max(0.01, min(HEARTBEAT, socket_timeout / 2))
     return HEARTBEAT
+
+
+def keeps_presence(client: Any) -> bool:
+    """Whether the allocator keeps a presence (CONTRACT.md section 11) for
+    this client: a server's connection to a real process. Not for fakeredis
+    (one process, nothing to tell apart), nor for a Redis Cluster client
+    yet (its sharded channel would need a connection per slot's node): those
+    are judged by the liveness mark alone."""
+    kind = type(client).__module__
+    return not kind.startswith("fakeredis") and not is_cluster(client)
 
 
 def is_cluster(client: Any) -> bool:

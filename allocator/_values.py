@@ -46,6 +46,9 @@ class ResourceStatus:
     until: float | None = None
     throttled: bool = False
     rate: tuple[int, float] | None = None
+    #: Its live leases whose holder is not connected (presence: gone, or
+    #: reconnecting; CONTRACT.md section 11).
+    absent_holders: int = 0
 
 
 @attrs.frozen
@@ -66,6 +69,8 @@ class PoolStatus:
     oldest_wait: float = 0.0
     #: False when no key of the pool exists on the server (it reads as empty).
     exists: bool = True
+    #: Live leases whose holder is not connected (the sum over resources).
+    absent_holders: int = 0
 
 
 @attrs.frozen
@@ -78,6 +83,10 @@ class LeaseInfo:
     owner: str
     granted_at: float
     expires_at: float
+    #: Whether the holder's process is connected (its presence: CONTRACT.md
+    #: section 11); None where nobody can tell (a holder without a presence:
+    #: a cluster or fakeredis client, an ACL without the channel).
+    holder_present: bool | None = None
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@
 --    waiting part of the queue (after `ld`: the cursor never goes back into
 --    granted tickets, however far the queue moved between two steps);
 -- 3. bindings past their ttl; liveness marks that ran out, with the signal
---    lists of those clients;
+--    lists and the absence records of those clients;
 -- 4. repair: page by page through the resources, a lease count that
 --    disagrees with the index of live leases is set right;
 -- 5. then the queue is served.
@@ -110,6 +110,7 @@ local gone = redis.call('ZRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now, 'LIMIT',
 for _, cid in ipairs(gone) do
   redis.call('DEL', P.SIG .. cid)
   redis.call('ZREM', P.ALIVE, cid)
+  redis.call('HDEL', P.RECS, 'p|' .. cid)
 end
 if #gone >= count then
   more = 1

@@ -10,7 +10,11 @@
 -- ARGV: after (the member the last page ended on; '' for the first page),
 --       count (index members per page)
 -- Reply: {'leases', now_us, next ('' : the last page), resource1, token1,
---         owner1, granted_us1, deadline_ms1, resource2, ...}
+--         owner1, granted_us1, deadline_ms1, present1, resource2, ...}
+--        present: 1 if the holder's client is connected (its presence
+--        channel has a subscriber), 0 if not (gone, or reconnecting), -1 if
+--        nobody can tell (a client without a presence, or a server or ACL
+--        that cannot count subscribers)
 local after, count = ARGV[1], ARGV[2]
 
 local held = redis.call('ZRANGEBYLEX', P.HELD, after == '' and '-' or '(' .. after, '+',
@@ -28,6 +32,7 @@ for _, member in ipairs(held) do
     out[#out + 1] = owner
     out[#out + 1] = L.granted
     out[#out + 1] = L.deadline
+    out[#out + 1] = P:presence_of(L.cid)
   end
 end
 return out

@@ -11,16 +11,28 @@
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'granted_many', ...}   a waiter of acquire_many (see acquire_many.lua)
 --      | {'queued', ticket, hint_ms} | {'gone'}   the ticket is not in the queue
---      | {'alive', epoch, probe_ok, more}        client-level heartbeat; more:
---                                                  1 if dead tickets are left at
---                                                  the head (beat again at once)
+--      | {'alive', epoch, probe_ok, more, present}  client-level heartbeat;
+--          more: 1 if dead tickets are left at the head (beat again at once);
+--          present: for a client that keeps a presence ('p.' ids), 1 if its
+--          channel has a subscriber, 0 if not (it must subscribe again), -1
+--          if the server cannot tell; -1 for any other client
 local lid, cid, alive_ms, probe = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local n = tonumber(ARGV[5] or '')
 
 redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+-- A client that runs its own call lives: whatever absence a run found
+-- (its presence connection dropped, and it subscribes again), its grace
+-- starts anew.
+if string.sub(cid, 1, 2) == 'p.' then
+  redis.call('HDEL', P.RECS, 'p|' .. cid)
+end
 P:maintain()
 
 if lid == '' then
+  -- Each heartbeat looks at the head, free resources or not: a head whose
+  -- client died is found absent within a heartbeat of its death, and is
+  -- dropped when its grace ends (its successor is told to look then).
+  P.look = true
   P:dispatch(nil)
   -- The epoch changes only when the pool's state was lost (a restart without
   -- persistence, a flush). The probe is one of the client's waiters, taken in
@@ -39,7 +51,7 @@ if lid == '' then
       end
     end
   end
-  return {'alive', redis.call('HGET', P.META, 'epoch'), ok, P.more and 1 or 0}
+  return {'alive', redis.call('HGET', P.META, 'epoch'), ok, P.more and 1 or 0, P:presence_of(cid)}
 end
 
 local mine = P:dispatch(lid)

@@ -23,6 +23,13 @@ local P = {
   -- client is alive, the grant is put back on its list if a lost reply took
   -- it; once the client's liveness has run out, the grant is taken back.
   PICKUP_MS = 2000,
+  -- A client that keeps a presence (its id starts with 'p.': a connection
+  -- subscribed to its channel, lua/README.md) and that a run has found
+  -- absent, no subscriber on that channel, is gone this long after it was
+  -- first found so: long enough for a reconnect (a restart or a failover
+  -- drops every connection at once), short enough that a dead waiter holds
+  -- nobody up for long. GRACE in allocator/_core/liveness.py.
+  GRACE_MS = 1000,
   -- Dead tickets dropped from the head of the queue per script run, so that
   -- a crowd of dead waiters never blocks the server; whoever runs next goes
   -- on (a waiter's reply says "look again now").
@@ -44,6 +51,9 @@ local P = {
   -- growing it past 32 fields mid-run would rehash it (~10k instructions).
   now_us = 0, now = 0, now_s = '', ld = false, nd = 0, nh = 0, hinted = false,
   self_hint = false, stamp = false,
+  -- Set by a reader's heartbeat: dispatch looks at the head even when
+  -- nothing is free, so that a dead head's grace starts at once.
+  look = false,
 }
 
 -- Every deadline is on the server's clock. Scripts are replicated by their
@@ -365,13 +375,19 @@ function P:reclaim(limit)
     local L = self:lease_load(lid)
     if not L or L.pickup ~= '1' then
       redis.call('ZREM', self.PICK, lid)
-    elseif self:alive(L.cid) then
-      local key, msg = self.SIG .. L.cid, self.grant_msg(lid, L)
-      redis.call('LREM', key, '1', msg)
-      redis.call('RPUSH', key, msg)
-      self:schedule(self.PICK, self.now + self.PICKUP_MS, lid)
     else
-      self:take_back(lid, L)
+      local live, gone_at = self:alive(L.cid)
+      if gone_at then
+        -- Absent within its grace: look again when the grace ends.
+        self:schedule(self.PICK, gone_at, lid)
+      elseif live then
+        local key, msg = self.SIG .. L.cid, self.grant_msg(lid, L)
+        redis.call('LREM', key, '1', msg)
+        redis.call('RPUSH', key, msg)
+        self:schedule(self.PICK, self.now + self.PICKUP_MS, lid)
+      else
+        self:take_back(lid, L)
+      end
     end
   end
   local due = redis.call('ZRANGEBYSCORE', self.EXP, '-inf', self.now, 'LIMIT', '0', limit)
@@ -567,8 +583,8 @@ end
 -- caller learns it from its reply; any other head is pushed a hint, once per
 -- head and time, and only if the event is nearer than the heartbeat by which
 -- it looks again anyway.
-function P:hint(t, self_lid)
-  local wake = self.nh
+function P:hint(t, self_lid, at)
+  local wake = at or self.nh
   if wake >= 1e15 then
     return
   end
@@ -605,6 +621,25 @@ function P:hint(t, self_lid)
   self.hinted = {tag, key, msg}
 end
 
+-- A client's presence, read only: 1 connected, 0 not, -1 nobody can tell
+-- (a client without a presence, or a server that cannot count).
+function P:presence_of(cid)
+  if string.sub(cid, 1, 2) ~= 'p.' then
+    return -1
+  end
+  local here = self:present(cid)
+  return here == nil and -1 or (here and 1 or 0)
+end
+
+-- The head `t` waits for its absent client's grace to end at `at`: the
+-- ticket behind it is told to look again then (the caller by its reply).
+function P:hint_next(t, at, self_lid)
+  local e = redis.call('XRANGE', self.Q, '(' .. t.id, '+', 'COUNT', 1)[1]
+  if e then
+    self:hint(self.ticket_of(e), self_lid, at)
+  end
+end
+
 -- A waiting ticket whose client is gone (its liveness mark ran out) leaves
 -- the queue. Only a ticket that is still waiting: a granted one is a lease,
 -- which only ends through end_lease (it keeps `used` right).
@@ -629,9 +664,55 @@ function P:drop(t)
   return true
 end
 
+-- Whether client `cid` lives: its liveness mark has not run out, and, if it
+-- keeps a presence, it has not been absent for GRACE_MS. A client absent
+-- within its grace lives, and the second value is when it will count as
+-- gone (the first run to find it absent starts the grace: RECS field
+-- `p|<cid>` holds since when; it goes once the client is found again, or
+-- with its mark in gc).
 function P:alive(cid)
   local s = redis.call('ZSCORE', self.ALIVE, cid)
-  return s and tonumber(s) >= self.now
+  if not s or tonumber(s) < self.now then
+    return false
+  end
+  if string.sub(cid, 1, 2) ~= 'p.' then
+    return true
+  end
+  local here = self:present(cid)
+  local field = 'p|' .. cid
+  local since = redis.call('HGET', self.RECS, field)
+  if here ~= false then
+    if since then
+      redis.call('HDEL', self.RECS, field)
+    end
+    return true
+  end
+  if not since then
+    since = self.now
+    redis.call('HSET', self.RECS, field, since)
+  end
+  local gone_at = tonumber(since) + self.GRACE_MS
+  if gone_at > self.now then
+    return true, gone_at
+  end
+  return false
+end
+
+-- Is client `cid` connected right now: does a connection subscribe to its
+-- presence channel? A process that dies has its sockets closed by its
+-- kernel, and the server drops them at once; a stopped or stalled one keeps
+-- them. Sharded channels (SSUBSCRIBE, counted with SHARDNUMSUB) where the
+-- server has them (Redis >= 7, Valkey: they live in the pool's cluster
+-- slot), plain ones on 6.2. nil where the server cannot tell (an ACL
+-- without PUBSUB, a server without the command): the mark alone decides.
+function P:present(cid)
+  local channel = string.sub(self.SIG, 1, -3) .. 'p:' .. cid
+  local verb = redis.REDIS_VERSION_NUM and 'SHARDNUMSUB' or 'NUMSUB'
+  local reply = redis.pcall('PUBSUB', verb, channel)
+  if type(reply) ~= 'table' or reply.err or not reply[2] then
+    return nil
+  end
+  return tonumber(reply[2]) > 0
 end
 
 -- Which free resource the head gets; `best` is the first member of FREE.
@@ -727,14 +808,18 @@ function P:dispatch(self_lid)
     local best = redis.call('ZRANGE', self.FREE, '0', '0')[1]
     -- Nobody can be served: only the head needs telling, and (unless it is
     -- the caller) only of an event nearer than its heartbeat.
-    if not best and not self_lid and self.nh > self.now + self.HORIZON_MS then
+    if not best and not self_lid and not self.look and self.nh > self.now + self.HORIZON_MS then
       return nil
     end
     local t = self:peek()
     if not t then
       return nil
     end
-    if t.l ~= self_lid and not self:alive(t.c) then
+    local live, gone_at = true, nil
+    if t.l ~= self_lid then
+      live, gone_at = self:alive(t.c)
+    end
+    if not live then
       if drops >= self.DROP_LIMIT then
         self.more, self.self_hint = true, 0
         return nil
@@ -745,6 +830,12 @@ function P:dispatch(self_lid)
         return nil
       end
       drops = drops + 1
+    elseif gone_at then
+      -- The head's client is absent, within its grace: nobody passes it
+      -- (it may be reconnecting); whoever is next looks again when the
+      -- grace ends, when the head counts as gone if it is still absent.
+      self:hint_next(t, gone_at, self_lid)
+      return nil
     elseif t.x then
       -- A place-holder whose multi request left without it (a gc page
       -- boundary between the two): a leftover.

@@ -12,9 +12,10 @@
 -- ARGV: cursor ('0' for the first page), count (resources per page, a hint)
 -- Reply: {'status', now_us, exists (0 | 1), waiting, oldest_wait_ms, bindings,
 --         bind_hits, bind_misses, next_cursor ('0': the last page),
---         name1, record1, stale1, name2, ...}
+--         name1, record1, stale1, absent1, name2, ...}
 --        records as in lua/README.md; stale: leases of that resource past
---        their deadline and not yet reclaimed
+--        their deadline and not yet reclaimed; absent: its live leases whose
+--        holder is not connected (see leases.lua)
 local cursor, count = ARGV[1], ARGV[2]
 
 local exists = redis.call('EXISTS', unpack(KEYS, 1, 15))
@@ -42,18 +43,23 @@ for i = 1, #rows, 2 do
   local name, raw = rows[i], rows[i + 1]
   -- Its leases past their deadline (the lease index HELD, by name: only
   -- for a resource with leases at all).
-  local stale = 0
+  local stale, absent = 0, 0
   if (tonumber(string.match(raw, '^[^|]*|[^|]*|([^|]*)|')) or 0) > 0 then
     local held = redis.call('ZRANGEBYLEX', P.HELD, '[' .. name .. '\0', '(' .. name .. '\1')
     for _, member in ipairs(held) do
       local L = P:lease_load(string.sub(member, #name + 2))
-      if L and L.deadline <= P.now and P.counted(L, P:res_load(name)) then
-        stale = stale + 1
+      if L and P.counted(L, P:res_load(name)) then
+        if L.deadline <= P.now then
+          stale = stale + 1
+        elseif P:presence_of(L.cid) == 0 then
+          absent = absent + 1
+        end
       end
     end
   end
   out[#out + 1] = name
   out[#out + 1] = raw
   out[#out + 1] = stale
+  out[#out + 1] = absent
 end
 return out

@@ -77,7 +77,7 @@ class Stepper:
             kwargs.get("ttl"),
             kwargs.get("bind"),
             kwargs.get("blocking", True),
-            cid=self.reader.cid,
+            cid=self.reader.cid_for(pool._pool),
         )
         self.reader.register(pool._pool, self.flow.lid)
         _STEPPERS.append(self)

@@ -216,7 +216,7 @@ def test_a_grant_popped_and_lost_in_flight_is_delivered_again(client: Any, pool_
     waiter.run_step()
     assert isinstance(waiter.step, Wait)
     assert pool.release(held) is True
-    lost = client.lpop(pool._pool.signal_key(waiter.reader.cid))
+    lost = client.lpop(pool._pool.signal_key(waiter.reader.cid_for(pool._pool)))
     assert lost is not None and lost.startswith("g|")
     while not waiter.done:
         waiter.run_step()

@@ -140,7 +140,7 @@ def test_stale_signals_are_rechecked_not_trusted(pool: FairAllocator, client: An
     held = pool.acquire(timeout=5)
     waiter = Stepper(pool)
     queued(waiter)
-    key = pool._pool.signal_key(pool._reader().cid)
+    key = pool._pool.signal_key(pool._reader().cid_for(pool._pool))
     lid = waiter.flow.lid
     client.rpush(key, "garbage")
     client.rpush(key, f"g|someone-else|{held.ticket}|5|1|1000|r")
@@ -166,7 +166,7 @@ def test_a_grant_popped_late_by_the_reader_is_not_released_under_its_holder(
     waiter = Stepper(pool)
     queued(waiter)  # enqueued; its reader has not started yet
     pool.release(held)  # grants the waiter: a message on its client's list
-    key = pool._pool.signal_key(pool._reader().cid)
+    key = pool._pool.signal_key(pool._reader().cid_for(pool._pool))
     message = client.lpop(key)  # a reader that popped it and then stalled
     assert message is not None
     waiter.nudge()
@@ -341,7 +341,8 @@ def test_async_grant_to_departed_waiter_is_passed_on(
         apool = AsyncFairAllocator(client, pool_name)
         await apool.extend(["r"])
         held = await apool.acquire(timeout=5)
-        ghost = apool._pool.acquire(None, None, None, True, cid=apool._reader().cid)
+        cid = await apool._reader().cid_for(apool._pool)
+        ghost = apool._pool.acquire(None, None, None, True, cid=cid)
         enqueue = ghost.steps.send(None)
         state = enqueue.parse(await apool._step(enqueue))
         assert isinstance(state, tuple)  # queued, at the head, never registered

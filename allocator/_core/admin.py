@@ -11,7 +11,17 @@ from typing import Any
 from .._values import GCReport, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from ..errors import AllocatorError, UnknownResource
 from .base import PoolBase
-from .checks import MAX_PRIORITY, MAX_RESOURCE, _int, _ms, _resources, _seconds, _shown, _text
+from .checks import (
+    MAX_LEASE_ID,
+    MAX_PRIORITY,
+    MAX_RESOURCE,
+    _int,
+    _ms,
+    _resources,
+    _seconds,
+    _shown,
+    _text,
+)
 from .replies import _decode, _tagged, _unexpected, stats_from_fields
 from .steps import Call, Flow
 
@@ -132,18 +142,19 @@ class Admin(PoolBase):
             server_time=now_us / 1e6,
             oldest_wait=oldest_ms / 1000,
             exists=exists == 1,
+            absent_holders=sum(row.absent_holders for row in shown),
         )
 
     @staticmethod
     def _status_page(reply: Any) -> tuple[list[int], str, list[ResourceStatus]]:
         """One page of status.lua: its header, the next cursor, its rows."""
         tag, rest = _tagged("status", reply)
-        if tag != "status" or len(rest) < 8 or (len(rest) - 8) % 3:
+        if tag != "status" or len(rest) < 8 or (len(rest) - 8) % 4:
             raise _unexpected("status", reply)
         head = [int(x) for x in rest[:7]]
         now_ms = head[0] // 1000
         rows = []
-        for i in range(8, len(rest), 3):
+        for i in range(8, len(rest), 4):
             name, record = _decode(rest[i]), _decode(rest[i + 1])
             cap, score, used, _fence, state, until, _stamp, rc, rw, _rv = record.split("|")
             # The script wrote nothing: what a writer would handle first is
@@ -167,6 +178,7 @@ class Admin(PoolBase):
                     until=int(until) / 1000 if parked else None,
                     throttled=parked and state == "t",
                     rate=(int(rc), int(rw) / 1000) if int(rc) else None,
+                    absent_holders=int(rest[i + 3]),
                 )
             )
         return head, _decode(rest[7]), rows
@@ -177,12 +189,12 @@ class Admin(PoolBase):
 
         def parse(reply: Any) -> tuple[str, list[LeaseInfo]]:
             tag, rest = _tagged("leases", reply)
-            if tag != "leases" or len(rest) < 2 or (len(rest) - 2) % 5:
+            if tag != "leases" or len(rest) < 2 or (len(rest) - 2) % 6:
                 raise _unexpected("leases", reply)
             out = []
-            for i in range(2, len(rest), 5):
-                resource, token, owner, granted_us, deadline_ms = (
-                    _decode(x) for x in rest[i : i + 5]
+            for i in range(2, len(rest), 6):
+                resource, token, owner, granted_us, deadline_ms, present = (
+                    _decode(x) for x in rest[i : i + 6]
                 )
                 out.append(
                     LeaseInfo(
@@ -191,6 +203,7 @@ class Admin(PoolBase):
                         owner=owner,
                         granted_at=int(granted_us) / 1e6,
                         expires_at=int(deadline_ms) / 1000,
+                        holder_present=None if int(present) < 0 else int(present) == 1,
                     )
                 )
             return _decode(rest[1]), out
@@ -228,6 +241,17 @@ class Admin(PoolBase):
 
         yield from self._check_policy()
         return (yield from self._single(Call("quarantine", self.keys, (resource, ms), parse)))
+
+    def revoke(self, lease_id: object) -> Flow[bool]:
+        lid = _text("lease_id", lease_id, MAX_LEASE_ID)
+
+        def parse(reply: Any) -> bool:
+            tag, rest = _tagged("revoke", reply)
+            if tag not in ("revoked", "unknown") or rest:
+                raise _unexpected("revoke", reply)
+            return tag == "revoked"
+
+        return self._single(Call("revoke", self.keys, (lid,), parse))
 
     def unquarantine(self, resource: object) -> Flow[bool]:
         resource = _text("resource", resource, MAX_RESOURCE)

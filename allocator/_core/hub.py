@@ -17,11 +17,11 @@ from typing import Any
 import attrs
 
 from .keys import PICK
-from .liveness import ACK_GIVE_UP, ALIVE, ALIVE_MS
+from .liveness import ACK_GIVE_UP, PRESENT, alive_ms, silence
 from .pool import Pool
 from .replies import _decode, _tagged, _unexpected, request_of
 from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
-from .steps import RECHECK, Beat, Call, Deliver, Exchange, ReaderStep, Sleep
+from .steps import RECHECK, Beat, Call, Deliver, Exchange, ReaderStep, Sleep, Subscribe
 
 _log = logging.getLogger("allocator")
 
@@ -40,6 +40,8 @@ class _Served:
 
     pool: Pool
     key: str
+    #: The client's id in this pool (its presence decides: liveness.py).
+    cid: str
     lids: collections.OrderedDict[str, None] = attrs.field(factory=collections.OrderedDict)
     acks: list[str] = attrs.field(factory=list)
     epoch: str | None = None
@@ -64,6 +66,9 @@ class Hub:
         #: hub lives in one process: a forked child makes its own.
         self.cid = secrets.token_urlsafe(9)
         self.heartbeat = heartbeat
+        #: Pools (by their first key) in which this client keeps a presence
+        #: (True) or cannot (False); a pool not in it is not yet decided.
+        self._presence: dict[str, bool] = {}
         self._waiters: dict[str, tuple[_Served, Any]] = {}
         self._served: dict[str, _Served] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -78,11 +83,45 @@ class Hub:
 
     # -- waiters ------------------------------------------------------------
 
+    # -- presence -------------------------------------------------------------
+
+    @property
+    def present_cid(self) -> str:
+        """The client's id where it keeps a presence (liveness.PRESENT)."""
+        return PRESENT + self.cid
+
+    def presence_decided(self, pool: Pool) -> bool:
+        return pool.keys[0] in self._presence
+
+    def decide_presence(self, pool: Pool, kept: bool) -> None:
+        """Whether this client keeps a presence in ``pool``: its shell
+        subscribed to the pool's channel for it, or could not (it waits
+        there under the plain id, judged by its mark alone)."""
+        self._presence.setdefault(pool.keys[0], kept)
+
+    def forget_presence(self) -> None:
+        """The presence connection was closed (close()): every pool decides
+        again at its next wait. Only while nobody waits."""
+        assert not self._waiters, "presence forgotten under waiters"
+        self._presence.clear()
+        self._served = {k: s for k, s in self._served.items() if s.acks}
+
+    def cid_for(self, pool: Pool) -> str:
+        """The client's id in ``pool``."""
+        return self.present_cid if self._presence.get(pool.keys[0]) else self.cid
+
+    def channels(self) -> list[str]:
+        """The presence channels of the pools where this client keeps one."""
+        return [s.pool.presence_channel(s.cid) for s in self._served.values() if s.cid != self.cid]
+
+    # -- waiters ------------------------------------------------------------
+
     def register(self, pool: Pool, lid: str, inbox: Any) -> None:
-        key = pool.signal_key(self.cid)
+        cid = self.cid_for(pool)
+        key = pool.signal_key(cid)
         served = self._served.get(key)
         if served is None:
-            served = self._served[key] = _Served(pool, key)
+            served = self._served[key] = _Served(pool, key, cid)
         served.lids[lid] = None
         self._waiters[lid] = (served, inbox)
 
@@ -114,21 +153,22 @@ class Hub:
             self._last_beat = now
         return self.heartbeat - (now - self._last_beat)
 
-    def beats(self) -> list[tuple[str, Call[tuple[str, bool, bool]]]]:
+    def beats(self) -> list[tuple[str, Call[Beaten]]]:
         """The heartbeat of each pool with waiters, probing one of them in turn."""
         calls = []
         for served in self._served.values():
             if served.lids:
                 probe = next(iter(served.lids))
                 served.lids.move_to_end(probe)
-                calls.append((served.key, heartbeat(served.pool, self.cid, probe)))
+                calls.append((served.key, heartbeat(served.pool, served.cid, probe)))
         return calls
 
-    def beaten(
-        self, now: float, results: list[tuple[str, tuple[str, bool, bool]]]
-    ) -> tuple[list[Any], bool]:
-        """After the heartbeats: the inboxes to tell to look again, and
-        whether to beat again at once (dead tickets left at a pool's head).
+    def beaten(self, now: float, results: list[tuple[str, Beaten]]) -> tuple[list[Any], bool, bool]:
+        """After the heartbeats: the inboxes to tell to look again, whether
+        to beat again at once (dead tickets left at a pool's head), and
+        whether the client's presence must be subscribed again (a pool found
+        no subscriber on its channel: the connection dropped, a restart or
+        a failover lost the subscription).
 
         A pool's waiters look again if its epoch changed (its data was
         lost), if the probed waiter's ticket vanished, or if the reader was
@@ -137,16 +177,17 @@ class Hub:
         silent = self._silent(now)
         self._last_beat = now
         inboxes: list[Any] = []
-        again = False
-        for key, (epoch, probe_ok, more) in results:
+        again = resubscribe = False
+        for key, (epoch, probe_ok, more, present) in results:
             served = self._served.get(key)
             if served is None:
                 continue
-            if recheck_after_beat(epoch, served.epoch, probe_ok, silent):
+            if recheck_after_beat(epoch, served.epoch, probe_ok, silent > silence(served.cid)):
                 inboxes += [self._waiters[lid][1] for lid in served.lids]
             served.epoch = epoch
             again = again or more
-        return inboxes, again
+            resubscribe = resubscribe or present == 0
+        return inboxes, again, resubscribe
 
     def all_inboxes(self) -> list[Any]:
         return [inbox for _, inbox in self._waiters.values()]
@@ -221,7 +262,7 @@ class Hub:
         # A lease of acquire_many goes to the waiter of its request.
         entry = self._waiters.get(lid) or self._waiters.get(request_of(lid))
         if entry is not None and entry[0] is served:
-            if grant and self._silent(now) > ALIVE:
+            if grant and self._silent(now) > silence(served.cid):
                 # Popped before a silence past the liveness window: the grant
                 # may have been taken back since. The waiter asks (a poll
                 # hands it over if it is still its own).
@@ -258,7 +299,9 @@ class Hub:
             try:
                 if self.beat_in(clock()) <= 0:
                     results = yield Beat(self.beats())
-                    inboxes, again = self.beaten(clock(), results)
+                    inboxes, again, resubscribe = self.beaten(clock(), results)
+                    if resubscribe:
+                        yield Subscribe(self.channels())
                     if inboxes:
                         yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
                     if again:
@@ -293,32 +336,37 @@ class Hub:
             self._recent.popitem(last=False)
 
 
-def heartbeat(pool: Pool, cid: str, probe: str) -> Call[tuple[str, bool, bool]]:
-    """The client-level poll of a reader: keeps all of client ``cid``'s
-    waiters in ``pool`` alive, and returns the pool's epoch, whether waiter
-    ``probe``'s ticket is still in the queue, and whether dead tickets are
-    left at the head (then the reader beats again at once)."""
+#: A heartbeat's news: the pool's epoch, whether the probed waiter's ticket
+#: is in the queue, whether dead tickets are left at the head, and the
+#: client's presence there (1 connected, 0 not: subscribe again, -1 none).
+Beaten = tuple[str, bool, bool, int]
 
-    def parse(reply: Any) -> tuple[str, bool, bool]:
+
+def heartbeat(pool: Pool, cid: str, probe: str) -> Call[Beaten]:
+    """The client-level poll of a reader: keeps all of client ``cid``'s
+    waiters in ``pool`` alive, and returns what :data:`Beaten` says."""
+
+    def parse(reply: Any) -> Beaten:
         tag, rest = _tagged("poll", reply)
-        if tag != "alive" or len(rest) != 3:
+        if tag != "alive" or len(rest) != 4:
             raise _unexpected("poll", reply)
-        return _decode(rest[0]), int(rest[1]) == 1, int(rest[2]) == 1
+        return _decode(rest[0]), int(rest[1]) == 1, int(rest[2]) == 1, int(rest[3])
 
     own = (*pool.keys, pool.signal_key(cid))
-    return Call("poll", own, ("", cid, ALIVE_MS, probe), parse)
+    return Call("poll", own, ("", cid, alive_ms(cid), probe), parse)
 
 
-def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, silent: float) -> bool:
+def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, too_long: bool) -> bool:
     """After a reader's heartbeat: must every local waiter check its ticket?
 
     Yes if the pool's epoch changed (its data was lost), if the probed
     waiter's ticket vanished (the stream was deleted, a restart lost
-    it), or if the reader was silent longer than the liveness window
-    (the client may have been taken for dead and its tickets dropped).
+    it), or if the reader was silent ``too_long``, past the client's
+    liveness window (it may have been taken for dead and its tickets
+    dropped).
     """
     changed = previous is not None and epoch != previous
-    return changed or not probe_ok or silent > ALIVE
+    return changed or not probe_ok or too_long
 
 
 #: How much longer than its blocking time a reader waits for its round's

@@ -15,7 +15,7 @@ from .._values import Lease
 from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
-from .liveness import ALIVE_MS, HEARTBEAT
+from .liveness import HEARTBEAT, alive_ms
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
 from .retry import RETRY_BUDGET, is_transient
 from .steps import RECHECK, Call, Flow, Wait
@@ -97,7 +97,7 @@ class Leasing(PoolBase):
             # A non-blocking call never waits in line: give its retries the
             # same short budget as any single call (issue 8, item 1).
             deadline = started + RETRY_BUDGET
-        alive_ms = ALIVE_MS
+        mark_ms = alive_ms(cid)
         own = (*self.keys, self.signal_key(cid))
         flag = "1" if blocking else "0"
         many: tuple[str | int, ...] = ()
@@ -105,7 +105,7 @@ class Leasing(PoolBase):
             enqueue: Call[State] = Call(
                 "acquire",
                 own,
-                (lid, cid, ttl_ms, alive_ms, flag, bind or "", _ms(self.bind_ttl), owner),
+                (lid, cid, ttl_ms, mark_ms, flag, bind or "", _ms(self.bind_ttl), owner),
                 lambda reply: self._state("acquire", lid, reply),
             )
         else:
@@ -113,7 +113,7 @@ class Leasing(PoolBase):
             enqueue = Call(
                 "acquire_many",
                 own,
-                (lid, cid, ttl_ms, alive_ms, flag, count, owner),
+                (lid, cid, ttl_ms, mark_ms, flag, count, owner),
                 lambda reply: self._state("acquire_many", lid, reply),
             )
         poll: Call[State] | None = None  # made when first needed: most acquires never wait
@@ -208,7 +208,7 @@ class Leasing(PoolBase):
                     poll = Call(
                         "poll",
                         own,
-                        (lid, cid, alive_ms, *many),
+                        (lid, cid, mark_ms, *many),
                         lambda reply: self._state("poll", lid, reply),
                     )
                 state = yield from attempt(poll)

@@ -1,7 +1,19 @@
 """The clocks of liveness: how often a client's reader refreshes its
-waiters' liveness mark, and how long a silent client keeps its place.
-(The scripts keep the other side of these rules: PICKUP_MS and the marks
-in lua/prelude.lua.)"""
+waiters' liveness mark, how long a silent client keeps its place, and how
+its presence (CONTRACT.md section 11) tells a dead process from a stalled
+one. (The scripts keep the other side of these rules: PICKUP_MS, GRACE_MS
+and the marks in lua/prelude.lua.)
+
+A client that keeps a presence holds one connection subscribed to a channel
+named by its id under each pool it waits in (``<pool>:p:<client id>``), and
+its id starts with :data:`PRESENT`. The scripts count the channel's
+subscribers (``PUBSUB SHARDNUMSUB``): a process that dies has its sockets
+closed by its kernel, so it is found absent at once and is gone after
+:data:`GRACE`; one that is stopped or stalled keeps its connections, and so
+its place, until its mark runs out, :data:`ALIVE_PRESENT` after its last
+heartbeat. A client without a presence (the server or the ACL cannot count
+subscribers, a cluster, fakeredis) is judged by its mark alone, which runs
+out :data:`ALIVE` after its last heartbeat, as in 0.2."""
 
 from __future__ import annotations
 
@@ -18,8 +30,33 @@ HEARTBEAT = 1.0
 #: queue and grants it has not acknowledged are taken back.
 ALIVE = 4.0
 
+#: The same silence for a client that keeps a presence: a dead one is told
+#: by its connection, so a stalled one can be given room (CONTRACT.md 11:
+#: at least 10 s).
+ALIVE_PRESENT = 11.0
+#: How long a client that keeps a presence may be absent (no subscriber on
+#: its channel) before it counts as gone, counted from the first script run
+#: that found it so: a reconnect's time (GRACE_MS in lua/prelude.lua).
+GRACE = 1.0
+#: The first characters of the id of a client that keeps a presence.
+PRESENT = "p."
+
 #: The liveness mark a refresh sets, in ms (see ALIVE).
 ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
+#: The same for a client that keeps a presence.
+ALIVE_PRESENT_MS = round((ALIVE_PRESENT + HEARTBEAT) * 1000)
+
+
+def alive_ms(cid: str) -> int:
+    """The liveness mark (ms) that client ``cid`` sets at each refresh."""
+    return ALIVE_PRESENT_MS if cid.startswith(PRESENT) else ALIVE_MS
+
+
+def silence(cid: str) -> float:
+    """The longest silence client ``cid`` may keep without losing its place."""
+    return ALIVE_PRESENT if cid.startswith(PRESENT) else ALIVE
+
+
 #: How long a reader with nobody left waiting keeps retrying the
 #: acknowledgements it could not send: past the liveness mark and one
 #: pick-up check (PICKUP_MS in prelude.lua), the server has taken back every

@@ -83,7 +83,15 @@ class Deliver(NamedTuple):
     releases: list[Call[Any]]
 
 
-ReaderStep = Beat | Exchange | Deliver | Sleep
+class Subscribe(NamedTuple):
+    """Subscribe the client's presence connection to ``channels`` again
+    (a heartbeat found it absent: the connection dropped, or the server
+    lost the subscription in a restart or a failover)."""
+
+    channels: list[str]
+
+
+ReaderStep = Beat | Exchange | Deliver | Sleep | Subscribe
 
 
 #: Put on a waiter's queue by the router to make it poll once.
