@@ -242,6 +242,12 @@ class AllocatorCollector:
             labels=["pool", "resource"],
         )
         leases = GaugeMetricFamily("allocator_leases", "Live leases.", labels=["pool"])
+        absent = GaugeMetricFamily(
+            "allocator_lease_holders_gone",
+            "Live leases whose holder is not connected (its process died, or it is "
+            "reconnecting): they end at their deadline.",
+            labels=["pool"],
+        )
         waiting = GaugeMetricFamily(
             "allocator_waiting", "Requesters in the queue.", labels=["pool"]
         )
@@ -305,6 +311,7 @@ class AllocatorCollector:
                         )
                     resource_leases.add_metric([name, row.name], row.leases)
             leases.add_metric([name], status.leased)
+            absent.add_metric([name], status.absent_holders)
             waiting.add_metric([name], status.waiting)
             oldest.add_metric([name], status.oldest_wait)
             for field, family in counters.items():
@@ -322,6 +329,7 @@ class AllocatorCollector:
             resource_state,
             resource_leases,
             leases,
+            absent,
             waiting,
             oldest,
             *counters.values(),

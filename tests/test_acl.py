@@ -56,8 +56,10 @@ def as_user(server: RedisServer, line: str, user: str, keys: str) -> Any:
     return a client logged in as it."""
     words = line.split()[2:]  # after ACL SETUSER
     words[0] = user
-    words = [w for w in words if not w.startswith("~")]
+    words = [w for w in words if not w.startswith(("~", "&"))]
     words.insert(words.index("resetkeys") + 1, "~" + keys)
+    if "resetchannels" in words:  # the presence channels share the keys' pattern
+        words.insert(words.index("resetchannels") + 1, "&" + keys.removeprefix("%R~"))
     admin = redis.Redis.from_url(server.url)
     admin.execute_command("ACL", "SETUSER", *[w.replace(">CHANGE-ME", ">pw") for w in words])
     admin.close()
@@ -85,6 +87,11 @@ def exercise(pool: FairAllocator) -> None:
     with pytest.raises(ValueError, match="count"):
         pool.acquire_many(3, timeout=1)
     assert all(pool.release(each) for each in pair)
+    # The user keeps a presence in its pool (its channel is in the line):
+    # its holder is seen connected.
+    held = pool.acquire(timeout=10)
+    assert [info.holder_present for info in pool.leases()] == [True]
+    assert pool.release(held)
     assert pool.remove(["a", "b"]) == 2
 
 
@@ -131,7 +138,8 @@ def test_documented_commands_are_exactly_what_the_scripts_call() -> None:
         granted = {w[1:].split("|")[0] for w in line.split() if w.startswith("+")}
         assert called <= granted, called - granted
         client = {"fcall", "fcall_ro"} if "+fcall" in line else {"evalsha", "eval"}
-        assert granted - called == client | {"blpop", "lpop"}, granted - called
+        presence = {"ssubscribe", "subscribe"}  # the client's presence connection
+        assert granted - called == client | presence | {"blpop", "lpop"}, granted - called
 
 
 def test_the_line_that_may_only_call_the_library(server: RedisServer) -> None:
@@ -215,3 +223,28 @@ def test_the_read_only_line_on_functions(server: RedisServer) -> None:
         user.eval("return 1", 0)
     user.close()
     admin.close()
+
+
+def test_a_user_without_the_channel_keeps_no_presence_and_says_so(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ACL line from before presence (no channel): the pool works as in
+    0.2, judged by the liveness mark alone, and the log says so once."""
+    line = next(x for x in script_lines() if "~alloc:{proxies}:*" in x)
+    words = [w for w in line.split() if not w.startswith("&")]
+    user = as_user(server, " ".join(words), "nochannel", acl_key_pattern("old"))
+    # as_user gives the channel back: take it away again.
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "nochannel", "resetchannels")
+    admin.close()
+    pool = FairAllocator(user, "old")
+    pool.extend(["a"])
+    with caplog.at_level("WARNING", logger="allocator"):
+        held = pool.acquire(timeout=10)
+        assert pool.release(held)
+        held = pool.acquire(timeout=10)
+    assert [info.holder_present for info in pool.leases()] == [None]
+    assert pool.release(held)
+    warnings = [r for r in caplog.records if "no presence" in r.getMessage()]
+    assert len(warnings) == 1
+    user.close()

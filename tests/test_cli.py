@@ -24,7 +24,7 @@ from helpers import Background, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator import FairAllocator
+from allocator import FairAllocator, LeaseLost
 from allocator.cli import main
 from allocator.metrics import AllocatorCollector
 
@@ -724,3 +724,27 @@ def test_version_works_without_the_cli_extra(tmp_path: Path) -> None:
     done = cli("status", "x", env=hidden)
     assert done.returncode == 1
     assert "pip install 'redis-fair-allocator[cli]'" in one_error_line(done)
+
+
+def test_revoke_ends_one_lease_and_status_shows_each_holder(env: tuple[str, str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "rv", prefix=prefix)
+    pool.extend(["a"])
+    held = pool.acquire(timeout=5)
+    done = cli("status", "rv", "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert [lease["holder_present"] for lease in shown["leases"]] == [True]
+    assert shown["absent_holders"] == 0
+    assert "connected" in cli("status", "rv").stdout
+    waiter = Background(lambda: pool.acquire(timeout=30))
+    wait_until(lambda: pool.status().waiting == 1, what="a waiter")
+    done = cli("revoke", "rv", held.id)
+    assert done.returncode == 0, done.stderr
+    assert "lease revoked" in done.stdout
+    assert waiter.join().resource == "a"  # served at once
+    with pytest.raises(LeaseLost):
+        pool.renew(held)
+    done = cli("revoke", "rv", held.id)
+    assert done.returncode == 1
+    assert one_error_line(done) == "allocator: pool 'rv' has no live lease with that id"

@@ -1,4 +1,4 @@
-"""``allocator extend``, ``remove``, ``quarantine``, ``delete`` and ``gc``:
+"""``allocator extend``, ``remove``, ``quarantine``, ``revoke``, ``delete`` and ``gc``:
 steering a pool from the shell."""
 
 from __future__ import annotations
@@ -62,6 +62,18 @@ def register(commands: Any) -> None:
     )
     add_connection(quarantine)
     quarantine.set_defaults(run=_quarantine)
+
+    revoke = commands.add_parser(
+        "revoke",
+        help="end one lease now (its holder gets LeaseLost at its next renew); the "
+        "resource keeps its settings and goes to the next waiter",
+    )
+    revoke.add_argument("pool", help="the pool's name")
+    revoke.add_argument(
+        "lease_id", help="the lease's id (Lease.id: the holder's to tell, never shown by status)"
+    )
+    add_connection(revoke)
+    revoke.set_defaults(run=_revoke)
 
     delete = commands.add_parser("delete", help="delete a pool and every key it has")
     delete.add_argument("pool", help="the pool's name")
@@ -144,6 +156,18 @@ def _quarantine(args: argparse.Namespace) -> int:
         print(f"pool {args.pool!r}: {args.resource!r} quarantine ended, back in rotation")
     else:
         print(f"pool {args.pool!r}: {args.resource!r} was not quarantined; nothing changed")
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        ended = conn.existing(args.pool).revoke(args.lease_id)
+    finally:
+        conn.close()
+    if not ended:
+        raise CommandError(f"pool {args.pool!r} has no live lease with that id")
+    print(f"pool {args.pool!r}: lease revoked; its resource goes to the next waiter")
     return 0
 
 

@@ -266,18 +266,19 @@ def render(snap: Snapshot) -> Group:
         )
 
     leases = Table(title="leases", title_justify="left", expand=False)
-    for column in ("resource", "owner", "token", "held for", "expires in"):
+    for column in ("resource", "owner", "holder", "token", "held for", "expires in"):
         leases.add_column(column)
     for info in snap.leases:
         leases.add_row(
             info.resource,
             info.owner,
+            _HOLDER[info.holder_present],
             str(info.token),
             ago(now - info.granted_at),
             ago(info.expires_at - now),
         )
     if not snap.leases:
-        leases.add_row("-", "nobody holds a lease", "", "", "")
+        leases.add_row("-", "nobody holds a lease", "", "", "", "")
 
     s = snap.stats
     waits = "-"
@@ -295,6 +296,14 @@ def render(snap: Snapshot) -> Group:
         style="dim",
     )
     return Group(head, clock, resources, leases, counters)
+
+
+#: The holder column of the leases table: its presence (CONTRACT.md 11).
+_HOLDER = {
+    True: Text("connected", style="green"),
+    False: Text("GONE", style="bold red"),
+    None: Text("-", style="dim"),
+}
 
 
 def headline(st: PoolStatus) -> str:
@@ -324,6 +333,8 @@ def headline(st: PoolStatus) -> str:
     }
     if any(out.values()):
         text += "; " + ", ".join(f"{n} {what}" for what, n in out.items() if n)
+    if st.absent_holders:
+        text += f"; {_count(st.absent_holders, 'lease')} of a holder gone"
     return text
 
 
@@ -356,6 +367,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "leased": st.leased,
         "waiting": st.waiting,
         "oldest_wait_seconds": st.oldest_wait,
+        "absent_holders": st.absent_holders,
         "resources": [
             {
                 "name": r.name,
@@ -367,6 +379,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "quarantined_until": r.until,
                 "quarantined_until_iso": None if r.until is None else iso(r.until),
                 "throttled": r.throttled,
+                "absent_holders": r.absent_holders,
             }
             for r in st.resources
         ],
@@ -381,6 +394,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "expires_at_iso": iso(i.expires_at),
                 "held_seconds": round(now - i.granted_at, 3),
                 "expires_in_seconds": round(i.expires_at - now, 3),
+                "holder_present": i.holder_present,
             }
             for i in snap.leases
         ],
