@@ -748,3 +748,34 @@ def test_revoke_ends_one_lease_and_status_shows_each_holder(env: tuple[str, str]
     done = cli("revoke", "rv", held.id)
     assert done.returncode == 1
     assert one_error_line(done) == "allocator: pool 'rv' has no live lease with that id"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("metrics", "--all", "--port", "-1"), "--port: must be 0 to 65535"),
+        (("metrics", "--all", "--port", "70000"), "--port: must be 0 to 65535"),
+        (("status", "p", "--url", ""), "--url: must not be empty"),
+        (("pools", "--prefix", ""), "--prefix: must not be empty"),
+        (("watch", "p", "--count", "0"), "--count: must be 1 or more"),
+        (("watch", "p", "--count", "-1"), "--count: must be 1 or more"),
+        (("demo", "--pool", ""), "--pool: must not be empty"),
+    ],
+)
+def test_bad_values_on_the_line_are_usage_errors(argv: tuple[str, ...], says: str) -> None:
+    """Issue 19, item 7: a port out of range printed a traceback; an empty
+    --url (an unset "$VAR") meant localhost:6379; an empty --prefix, a
+    --count of 0 and an empty demo --pool were taken."""
+    done = cli(*argv, env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and says in done.stderr
+
+
+@pytest.mark.parametrize("variable", ["REDIS_URL", "ALLOCATOR_PREFIX"])
+def test_a_variable_set_but_empty_is_refused(variable: str) -> None:
+    env = {"REDIS_URL": "redis://127.0.0.1:1/0", variable: ""}
+    done = cli("pools", env=env)
+    assert done.returncode == 1
+    assert one_error_line(done) == (
+        f"allocator: {variable} is set but empty: give a value or unset it"
+    )

@@ -104,23 +104,40 @@ def add_connection(parser: argparse.ArgumentParser) -> None:
     """``--url`` and ``--prefix``, read from the environment when left out."""
     parser.add_argument(
         "--url",
+        type=non_empty,
         default=None,
         help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0); a Redis "
         "Cluster is detected by itself",
     )
     parser.add_argument(
         "--prefix",
+        type=non_empty,
         default=None,
         help="key prefix of the pools (default: $ALLOCATOR_PREFIX, else alloc)",
     )
 
 
 def url_of(args: argparse.Namespace) -> str:
-    return str(args.url or os.environ.get("REDIS_URL") or DEFAULT_URL)
+    return _setting(args.url, "REDIS_URL", DEFAULT_URL)
 
 
 def prefix_of(args: argparse.Namespace) -> str:
-    return str(getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or "alloc")
+    return _setting(getattr(args, "prefix", None), "ALLOCATOR_PREFIX", "alloc")
+
+
+def _setting(given: str | None, variable: str, default: str) -> str:
+    """An option, else its environment variable, else the default. A
+    variable that is set but empty is a mistake (an unset ``$VAR`` in a
+    script), not a wish for the default: it would aim at a server or a
+    prefix nobody meant."""
+    if given is not None:
+        return given
+    value = os.environ.get(variable)
+    if value is None:
+        return default
+    if not value:
+        raise CommandError(f"{variable} is set but empty: give a value or unset it")
+    return value
 
 
 def safe_url(url: str) -> str:
@@ -230,8 +247,9 @@ def run_command(args: argparse.Namespace) -> int:
     and the exit status of :data:`allocator.cli.EXIT_CODES`; Ctrl-C (130),
     SIGTERM where a command allows it (0) and a closed pipe end quietly."""
     handler: Callable[[argparse.Namespace], int] = args.run
-    shown = safe_url(url_of(args)) if hasattr(args, "url") else ""
+    shown = ""
     try:
+        shown = safe_url(url_of(args)) if hasattr(args, "url") else ""
         return int(handler(args))
     except UsageError as exc:
         _error(str(exc))
@@ -298,6 +316,33 @@ def iso(epoch: float) -> str:
     return datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).isoformat(
         timespec="milliseconds"
     )
+
+
+def non_empty(text: str) -> str:
+    """An option's text, refused if empty (an unset ``"$VAR"`` on the line)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535, got {text!r}")
+    return value
 
 
 def positive_float(text: str) -> float:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
 
+from ._common import non_empty, positive_int
+
 if TYPE_CHECKING:
     from allocator import FairAllocator
     from allocator._values import Lease, PoolStatus
@@ -60,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--url",
+        type=non_empty,
         help="Redis URL to run against (default: $REDIS_URL if set, else an in-process "
         "fakeredis: no server needed)",
     )
@@ -68,12 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start a private redis-server for the run (needs redis-server on PATH)",
     )
-    parser.add_argument("--workers", type=_positive_int, default=6, help="worker threads (6)")
-    parser.add_argument("--resources", type=_positive_int, default=2, help="pool size (2)")
+    parser.add_argument("--workers", type=positive_int, default=6, help="worker threads (6)")
+    parser.add_argument("--resources", type=positive_int, default=2, help="pool size (2)")
     parser.add_argument(
-        "--capacity", type=_positive_int, default=1, help="leases per resource at once (1)"
+        "--capacity", type=positive_int, default=1, help="leases per resource at once (1)"
     )
-    parser.add_argument("--rounds", type=_positive_int, default=3, help="leases per worker (3)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="leases per worker (3)")
     parser.add_argument(
         "--hold",
         type=_non_negative_float,
@@ -85,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pool",
+        type=non_empty,
         default=None,
         help="pool name (default: a fresh demo-<random> pool, deleted after the run)",
     )
@@ -273,7 +277,7 @@ def _run_on(client: Any, backend: str, args: argparse.Namespace, out: TextIO) ->
 def _demo(client: Any, backend: str, args: argparse.Namespace, out: TextIO) -> int:
     from allocator import FairAllocator
 
-    pool_name = args.pool or f"demo-{uuid.uuid4().hex[:8]}"
+    pool_name = f"demo-{uuid.uuid4().hex[:8]}" if args.pool is None else args.pool
     pool = FairAllocator(client, pool_name)
     resources = [f"res-{i + 1}" for i in range(args.resources)]
     workers = [f"w{i + 1}" for i in range(args.workers)]
@@ -382,13 +386,6 @@ def _fake_client() -> Any:
     if importlib.util.find_spec("lupa") is None:  # fakeredis runs Lua through lupa
         return None
     return fakeredis.FakeRedis(server=fakeredis.FakeServer())
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def _non_negative_float(text: str) -> float:

@@ -19,6 +19,7 @@ from ._common import (
     add_connection,
     connect,
     log_to_stderr,
+    port,
     sigterm_ends,
 )
 
@@ -34,7 +35,9 @@ def register(commands: Any) -> None:
         action="store_true",
         help="every pool under the prefix, listed again at each scrape",
     )
-    metrics.add_argument("--port", type=int, default=9464, help="port (9464; 0: any free one)")
+    metrics.add_argument(
+        "--port", type=port, default=9464, help="port, 0 to 65535 (9464; 0: any free one)"
+    )
     metrics.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     metrics.add_argument(
         "--no-per-resource",

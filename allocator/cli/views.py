@@ -28,6 +28,7 @@ from ._common import (
     console,
     iso,
     positive_float,
+    positive_int,
     sigterm_ends,
 )
 
@@ -65,7 +66,7 @@ def register(commands: Any) -> None:
     )
     watch.add_argument(
         "--count",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="stop after N refreshes (default: until Ctrl-C or SIGTERM); a refresh that "
