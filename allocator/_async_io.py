@@ -21,7 +21,7 @@ from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_rep
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
-from ._core.retry import RETRY_BUDGET
+from ._core.retry import RETRY_BUDGET, is_transient
 from ._core.steps import (
     Beat,
     Call,
@@ -187,11 +187,16 @@ class Presence:
         self._sharded = True
         self._lock = asyncio.Lock()
 
-    async def join(self, channel: str) -> bool:
+    async def join(self, channel: str) -> bool | None:
         async with self._lock:
             try:
-                await self._subscribe([channel])
+                with no_client_retries():
+                    await self._subscribe([channel])
             except Exception as exc:
+                await self._close()
+                if is_transient(exc):
+                    _log.debug("allocator: presence on %s not set up yet: %r", channel, exc)
+                    return None
                 _log.warning(
                     "allocator: no presence on %s (%r): the client's waiters there are "
                     "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
@@ -204,7 +209,8 @@ class Presence:
     async def renew(self, channels: list[str]) -> None:
         async with self._lock:
             await self._close()
-            await self._subscribe(channels)
+            with no_client_retries():
+                await self._subscribe(channels)
 
     async def close(self) -> None:
         async with self._lock:
@@ -271,8 +277,9 @@ class Reader:
         """Same as the sync reader's, awaitable."""
         if not self.hub.presence_decided(pool):
             channel = pool.presence_channel(self.hub.present_cid)
-            kept = self.presence is not None and await self.presence.join(channel)
-            self.hub.decide_presence(pool, kept)
+            kept = False if self.presence is None else await self.presence.join(channel)
+            if kept is not None:  # None: the server was out of reach; next time
+                self.hub.decide_presence(pool, kept)
         return self.hub.cid_for(pool)
 
     def register(self, pool: Pool, lid: str) -> None:

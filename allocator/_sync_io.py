@@ -27,7 +27,7 @@ from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_rep
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
-from ._core.retry import RETRY_BUDGET
+from ._core.retry import RETRY_BUDGET, is_transient
 from ._core.steps import (
     Beat,
     Call,
@@ -184,9 +184,10 @@ class Reader:
             decided = self.hub.presence_decided(pool)
         if not decided:
             channel = pool.presence_channel(self.hub.present_cid)
-            kept = self.presence is not None and self.presence.join(channel)
-            with self._lock:
-                self.hub.decide_presence(pool, kept)
+            kept = False if self.presence is None else self.presence.join(channel)
+            if kept is not None:  # None: the server was out of reach; next time
+                with self._lock:
+                    self.hub.decide_presence(pool, kept)
         with self._lock:
             return self.hub.cid_for(pool)
 
@@ -362,13 +363,20 @@ class Presence:
         self._sharded = True
         self._lock = threading.Lock()
 
-    def join(self, channel: str) -> bool:
+    def join(self, channel: str) -> bool | None:
         """Subscribe to ``channel`` as well; False (said in the log) if this
-        client cannot keep a presence there (an ACL without the channel)."""
+        client cannot keep a presence there (an ACL without the channel),
+        None if the server could not be reached (the caller waits without a
+        presence this time and tries again at its next wait)."""
         with self._lock:
             try:
-                self._subscribe([channel])
+                with no_client_retries():
+                    self._subscribe([channel])
             except Exception as exc:
+                self._close()
+                if is_transient(exc):
+                    _log.debug("allocator: presence on %s not set up yet: %r", channel, exc)
+                    return None
                 _log.warning(
                     "allocator: no presence on %s (%r): the client's waiters there are "
                     "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
@@ -383,7 +391,8 @@ class Presence:
         lost the subscription (a restart, a failover, a dropped socket)."""
         with self._lock:
             self._close()
-            self._subscribe(channels)
+            with no_client_retries():
+                self._subscribe(channels)
 
     def close(self) -> None:
         with self._lock:

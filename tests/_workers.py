@@ -152,8 +152,12 @@ def interrupted_through_the_reader(url: str, name: str, inbox: Any, outbox: Any)
 
     def aim() -> None:
         assert inbox.get() == "aim"
-        reader = next(t for t in threading.enumerate() if t.name == "allocator-reader")
-        assert reader.ident is not None
+        # The waiter may not have started its reader yet (a loaded machine).
+        while True:
+            reader = next((t for t in threading.enumerate() if t.name == "allocator-reader"), None)
+            if reader is not None and reader.ident is not None:
+                break
+            time.sleep(0.01)
         signal.pthread_kill(reader.ident, signal.SIGINT)
 
     threading.Thread(target=aim, daemon=True).start()
@@ -333,6 +337,14 @@ def fault_worker(
 # -- the parent's side ----------------------------------------------------------------
 
 
+def _traced(target: Any, *args: Any, **kwargs: Any) -> None:
+    """Run a worker with SIGUSR1 set to print every thread's stack."""
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    target(*args, **kwargs)
+
+
 class Proc:
     """A worker process with its own command and report queues."""
 
@@ -340,16 +352,28 @@ class Proc:
         self.inbox = CTX.Queue()
         self.outbox = CTX.Queue()
         self.process = CTX.Process(
-            target=target, args=(*args, self.inbox, self.outbox), kwargs=kwargs, daemon=True
+            target=_traced,
+            args=(target, *args, self.inbox, self.outbox),
+            kwargs=kwargs,
+            daemon=True,
         )
         self.process.start()
         self.pid: int = self.process.pid  # type: ignore[assignment]
+
+    def dump(self) -> None:
+        """Have a live worker print every thread's stack to its stderr (the
+        test's captured output), to show where it hangs."""
+        if self.process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGUSR1)
+            time.sleep(0.5)
 
     def expect(self, kind: str, timeout: float = 30.0) -> Any:
         """The next report, which must be of ``kind``; returns its payload."""
         try:
             got, payload = self.outbox.get(timeout=timeout)
         except queue.Empty:
+            self.dump()
             raise AssertionError(
                 f"worker {self.pid} sent no {kind!r} report within {timeout} s "
                 f"(alive: {self.process.is_alive()})"

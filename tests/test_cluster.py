@@ -637,8 +637,11 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     admin.gc()  # gc
     assert [info.resource for info in admin.leases()] == ["r"]  # leases
     assert admin.stats().grants == 3  # stats: acquire_many, acquire, the waiter
-    admin.quarantine("r", 0.01)  # quarantine
+    admin.quarantine("r", 60)  # quarantine
+    assert admin.unquarantine("r") is True  # unquarantine
+    assert admin.revoke(got.id) is True  # revoke
+    got = admin.acquire(timeout=5)
     assert admin.remove(["r"]) == 1  # remove (draining)
-    assert waiter.release(got) is True
+    assert admin.release(got) is True
     assert admin.status().size == 0
     assert admin.delete() is True  # delete
