@@ -7,7 +7,13 @@
 --
 -- ARGV: name, ms
 -- Reply: {'quarantined', until_ms} | {'draining'} | {'unknown'}
-local name, ms = ARGV[1], tonumber(ARGV[2])
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written)
+local name, ms = ARGV[1], ARGV[2]
+local bad = P:arg('quarantine', 'resource', name, 'name') or
+  P:arg('quarantine', 'ms', ms, 'int', 1, 315360000000)
+if bad then
+  return bad
+end
 
 P:maintain()
 local r = P:res_load(name)
