@@ -30,5 +30,7 @@ end
 P:park(name, r, 'q', untl)
 P:place(name, r, false)
 P:res_save(name, r)
+-- A quarantine started by an operator (`qo`; by a release: release.lua).
+P:add(P.STATS, 'qo', '1')
 P:dispatch(nil)
 return {'quarantined', untl}

@@ -51,6 +51,8 @@ if quarantine ~= '' and r.state ~= 'd' then
     untl = math.max(untl, tonumber(r.untl))
   end
   P:park(L.res, r, 'q', untl)
+  -- A quarantine started by a release (`qr`; an operator's: quarantine.lua).
+  P:add(P.STATS, 'qr', '1')
 end
 P:settle(L.res, r)
 P:dispatch(nil)
