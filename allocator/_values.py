@@ -100,7 +100,9 @@ class PoolStats:
     that were gone. ``wait_seconds``: a cumulative histogram of the time from
     entering the queue to the grant, ``(upper_bound_seconds, count)`` pairs
     ending with ``inf`` (whose count equals ``grants``), and
-    ``wait_seconds_sum`` the sum of those waits.
+    ``wait_seconds_sum`` the sum of those waits. ``quarantined_on_release``:
+    quarantines started by ``release(lease, quarantine=...)``;
+    ``quarantined_by_operator``: those started by ``quarantine(resource, s)``.
     """
 
     name: str

@@ -3,17 +3,46 @@
 --
 -- KEYS: the pool's keys (lua/README.md), then KEYS[17] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
---       bind_ttl_ms, owner (who holds the lease, for people: kept in the
---       ticket's field `o`)
+--       bind_ttl_ms (read only with a bind), owner (who holds the lease, for
+--       people: kept in the ticket's field `o`)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
+--         (the record of this lease id is damaged)
 local lid, cid, ttl, alive_ms, blocking, bind, bind_ttl, owner =
-  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local alive = tonumber(alive_ms)
+-- The arguments (prelude, "Checks"): the common case (short texts, plain
+-- numbers) in one cheap test; anything else argument by argument, which
+-- names a bad one. The first test passes only what the second would.
+-- bind_ttl_ms is read (and checked) only with a binding. (ARGV has no
+-- holes: with the last one there, all are.)
+if not (owner and alive and lid ~= '' and cid ~= '' and owner ~= '' and #lid <= 128 and
+    #cid <= 128 and #owner <= 200 and #bind <= 1024 and #ttl < 12 and
+    (blocking == '1' or blocking == '0') and alive >= 1 and alive <= 315360000000 and
+    alive % 1 == 0 and ttl:find('^[1-9]%d*$') and
+    (bind == '' or (#bind_ttl < 12 and bind_ttl:find('^[1-9]%d*$'))) and
+    not lid:find('|', 1, true) and not cid:find('|', 1, true)) then
+  local bad = P:arg('acquire', 'lid', lid, 'text', 128, '|') or
+    P:arg('acquire', 'cid', cid, 'text', 128, '|') or
+    P:arg('acquire', 'ttl_ms', ttl, 'int', 1, 315360000000) or
+    P:arg('acquire', 'alive_ms', alive_ms, 'num', 1, 315360000000) or
+    P:arg('acquire', 'blocking', blocking, 'flag') or
+    (bind ~= '' and (P:arg('acquire', 'bind', bind, 'text', 1024) or
+      P:arg('acquire', 'bind_ttl_ms', bind_ttl, 'int', 1, 315360000000))) or
+    P:arg('acquire', 'owner', owner, 'text', 200)
+  if bad then
+    return bad
+  end
+end
 
 -- A retried call whose first reply was lost finds its own ticket here,
 -- instead of queueing a second time.
-local L, raw = P:lease_load(lid)
+local L, raw, damaged = P:lease_load(lid)
+if damaged then
+  return P:corrupt_lease(lid)
+end
 if L then
   P:claim(lid, L, P.OWN)
   return P.lease_reply(L)
@@ -38,7 +67,7 @@ if not ticket then
       P:dispatch(nil)
       ahead = P:waiting() > 0
     end
-    if ahead or redis.call('ZCARD', P.FREE) == 0 then
+    if ahead or not P:free_ok(1) then
       return {'busy'}
     end
   end
@@ -55,9 +84,12 @@ if not ticket then
     if bind ~= '' then
       t.b = bind
     end
-    return P.lease_reply(P:grant(t, best, lid))
-  end
-  if not best then
+    L = P:grant(t, best, lid)
+    if L then
+      return P.lease_reply(L)
+    end
+    -- `best` was a stale member of FREE (P:choose): dispatch looks again.
+  elseif not best then
     -- Nothing is free, so there is nobody to serve. Others wait: the
     -- caller just joins the line (only the head is ever told anything; a
     -- release serves the queue). Nobody waits: the caller is the head, and
@@ -78,5 +110,5 @@ if serve then
   end
 end
 redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
-redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+redis.call('ZADD', P.ALIVE, P.now + alive, cid)
 return {'queued', ticket, P.self_hint or -1}

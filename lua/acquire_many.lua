@@ -14,13 +14,29 @@
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
 --      | {'toomany', size}             count is larger than the pool (nothing queued)
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
+--         (a record of this request is damaged)
 local lid, cid, ttl, alive_ms, blocking, n, owner =
-  ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local bad = P:arg('acquire_many', 'lid', lid, 'text', 128, '|.') or
+  P:arg('acquire_many', 'cid', cid, 'text', 128, '|') or
+  P:arg('acquire_many', 'ttl_ms', ttl, 'int', 1, 315360000000) or
+  P:arg('acquire_many', 'alive_ms', alive_ms, 'num', 1, 315360000000) or
+  P:arg('acquire_many', 'blocking', blocking, 'flag') or
+  P:arg('acquire_many', 'count', n, 'int', 1, 1000) or
+  P:arg('acquire_many', 'owner', owner, 'text', 200)
+if bad then
+  return bad
+end
+n = tonumber(n)
 
 -- A retried call whose first reply was lost finds its own grant or ticket
 -- here, instead of queueing a second time (a grant that lost some of its
 -- leases meanwhile is ended whole, and the request queues again).
-local got, raw = P:many_load(lid, n)
+local got, raw, damaged = P:many_load(lid, n)
+if damaged then
+  return P:corrupt_lease(lid)
+end
 if got then
   for _, g in ipairs(got) do
     P:claim(g[1], g[2], P.OWN)
@@ -50,7 +66,7 @@ if not ticket then
       P:dispatch(nil)
       ahead = P:waiting() > 0
     end
-    if ahead or redis.call('ZCARD', P.FREE) < n then
+    if ahead or redis.call('ZCARD', P.FREE) < n or not P:free_ok(n) then
       return {'busy'}
     end
   end

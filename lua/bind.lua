@@ -2,7 +2,14 @@
 --
 -- ARGV: binding name, resource, bind_ttl_ms
 -- Reply: {'bound'} | {'unknown'}   the resource is not in the pool
-local name, resource, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written)
+local name, resource, ttl = ARGV[1], ARGV[2], ARGV[3]
+local bad = P:arg('bind', 'name', name, 'text', 1024) or
+  P:arg('bind', 'resource', resource, 'name') or
+  P:arg('bind', 'bind_ttl_ms', ttl, 'int', 1, 315360000000)
+if bad then
+  return bad
+end
 
 if redis.call('HEXISTS', P.RES, resource) == 0 then
   return {'unknown'}

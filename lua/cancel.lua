@@ -8,7 +8,19 @@
 --       entries follow its ticket)
 -- Reply: {'cancelled'} left the queue | {'released'} a raced grant was passed on
 --      | {'gone'} nothing to do (already cancelled, or never queued)
-local lid, n = ARGV[1], tonumber(ARGV[2] or '1')
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
+--         (the record of this lease id is damaged: nothing written)
+local lid, n = ARGV[1], ARGV[2] or '1'
+local bad = P:arg('cancel', 'lid', lid, 'text', 128) or
+  P:arg('cancel', 'count', n, 'int', 1, 1000)
+if bad then
+  return bad
+end
+n = tonumber(n)
+local L, raw, damaged = P:lease_load(lid)
+if damaged then
+  return P:corrupt_lease(lid)
+end
 
 P:maintain()
 local out = 'gone'
@@ -22,7 +34,7 @@ for i = 2, n do
     out = 'released'
   end
 end
-local L, raw = P:lease_load(lid)
+L, raw = P:lease_load(lid)
 if L then
   -- end_lease also takes the grant message off the list if it is unread.
   P:end_and_settle(lid, L)

@@ -7,6 +7,11 @@
 --
 -- ARGV: force ('1' | '0')
 -- Reply: {'absent'} | {'busy', leases, waiting} | {'deleted', revoked, waiters}
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written)
+local bad = P:arg('delete', 'force', ARGV[1], 'flag')
+if bad then
+  return bad
+end
 local force = ARGV[1] == '1'
 
 if redis.call('EXISTS', unpack(KEYS, 1, 15)) == 0 then
@@ -21,8 +26,9 @@ end
 local revoked, waiters = 0, 0
 local recs = redis.call('HGETALL', P.RECS)
 for i = 1, #recs, 2 do
-  local lid, raw = recs[i], recs[i + 1]
-  local L = P:lease_load(lid)
+  local lid = recs[i]
+  -- (A damaged record is neither: it goes with the keys.)
+  local L, raw = P:lease_load(lid)
   if L then
     if P:unclaimed(lid, L) then
       -- Its waiter has not taken the grant yet: it gets the notice instead.
@@ -32,7 +38,7 @@ for i = 1, #recs, 2 do
     else
       revoked = revoked + 1
     end
-  elseif string.byte(raw, 1) == 87 then -- 'W': waiting
+  elseif raw then -- W|ticket: waiting
     local e = redis.call('XRANGE', P.Q, string.sub(raw, 3), string.sub(raw, 3))[1]
     local t = e and P.ticket_of(e)
     if t and t.c then

@@ -5,7 +5,34 @@
 -- ARGV: capacity, score (-priority, as a string), rate_count (0: none),
 --       rate_window_ms, name...
 -- Reply: {'extended', added}
-local cap, score, rc, rw = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
+--         (a resource coming back whose last token, kept in GONE, cannot grow:
+--         nothing written)
+local cap, score, rc, rw = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local bad = P:arg('extend', 'capacity', cap, 'int', 1, 2147483648) or
+  (not (score and P.is_score(score)) and
+    P:bad_arg('extend', 'score', 'must be a finite number within +-1e15', score)) or
+  P:arg('extend', 'rate_count', rc, 'int', 0, 1000000) or
+  P:arg('extend', 'rate_window_ms', rw, 'int', rc == '0' and 0 or 1, 315360000000)
+for i = 5, #ARGV do
+  bad = bad or P:arg('extend', 'resource', ARGV[i], 'name')
+end
+if bad then
+  return bad
+end
+cap = tonumber(cap)
+-- A resource that comes back continues its token sequence from GONE: one
+-- whose last token is not a number the sequence can grow from (damage;
+-- lua/README.md, "Tokens") is refused, before anything is written.
+for i = 5, #ARGV do
+  local fence = redis.call('HGET', P.GONE, ARGV[i])
+  if fence and not (string.find(fence, '^%d+$') and
+      (#fence < 16 or (#fence == 16 and fence < '9007199254740992'))) then
+    return redis.error_reply('ALLOCATOR-CORRUPT ' .. P.GONE .. ": the last token of resource '" ..
+      P:shown(ARGV[i]) .. "', '" .. P:shown(fence) ..
+      "', is no token that can grow (add it under another name)")
+  end
+end
 
 P:maintain()
 local added = 0

@@ -12,20 +12,100 @@
 --    granted tickets, however far the queue moved between two steps);
 -- 3. bindings past their ttl; liveness marks that ran out, with the signal
 --    lists and the absence records of those clients;
--- 4. repair: page by page through the resources, a lease count that
---    disagrees with the index of live leases is set right;
+-- 4. repair: page by page through the resources, each record as the
+--    scripts write it (a damaged one mended: P:res_mend), its entries in
+--    the index of live leases each naming a lease of it that counts (any
+--    other entry, and a damaged lease record behind one, removed), its lease
+--    count equal to those entries, its place in FREE and PARK as its state
+--    says;
 -- 5. then the queue is served.
+-- Before all that, each step checks that every key of the pool is of its
+-- type (else nothing can be repaired: ALLOCATOR-CORRUPT, nothing written)
+-- and repairs damaged fields of META and STATS: `ld` (P:last_granted), a
+-- hint without its list, figures that hold no integer (removed: they read
+-- as 0). Every record, entry or field set right counts in `repaired`.
 --
 -- ARGV: pel_cursor ('0-0' to start), queue_cursor ('' to start),
---       res_cursor ('0' to start, '' to skip), count
+--       res_cursor ('0' to start, '' to skip), count (1 to 1000)
 -- Reply: {'gc', reclaimed, dropped_waiters, expired_bindings, unparked,
 --         orphans, repaired, next_pel_cursor ('0-0': done),
 --         next_queue_cursor ('': done), next_res_cursor ('': done),
 --         more (1: something due was left for the next step)}
-local pel_cursor, q_cursor, res_cursor, count = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written); ALLOCATOR-CORRUPT
+--         naming a key of the wrong type (nothing written), or, after the
+--         step's work, a resource of this page whose fence cannot grow
+--         (lua/README.md, "Tokens"): it stays out of rotation.
+local pel_cursor, q_cursor, res_cursor, count = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local bad = (not (pel_cursor and P.is_id(pel_cursor)) and
+    P:bad_arg('gc', 'pel_cursor', 'must be a stream id', pel_cursor)) or
+  (q_cursor ~= '' and not (q_cursor and P.is_id(q_cursor)) and
+    P:bad_arg('gc', 'queue_cursor', "must be a stream id or ''", q_cursor)) or
+  (res_cursor ~= '' and not (res_cursor and #res_cursor < 20 and
+    string.find(res_cursor, '^%d+$')) and
+    P:bad_arg('gc', 'res_cursor', "must be a scan cursor or ''", res_cursor)) or
+  P:arg('gc', 'count', count, 'int', 1, 1000)
+if bad then
+  return bad
+end
+count = tonumber(count)
 local more = 0
 local orphans = 0
 local repaired = 0
+
+-- 0. Keys of another type make every script fail (WRONGTYPE); only the
+-- pool's operator can tell what to do with them.
+local types = {'hash', 'hash', 'hash', 'zset', 'zset', 'stream', 'hash', 'zset', 'hash', 'zset',
+  'zset', 'zset', 'zset', 'zset', 'hash'}
+for i, want in ipairs(types) do
+  local got = redis.call('TYPE', KEYS[i])
+  got = type(got) == 'table' and got.ok or got
+  if got ~= 'none' and got ~= want then
+    return redis.error_reply('ALLOCATOR-CORRUPT ' .. KEYS[i] .. ': a ' .. tostring(got) ..
+      ', not a ' .. want .. ' (no script of the pool can run until it is deleted)')
+  end
+end
+
+-- Damaged fields of META and STATS.
+local m = redis.call('HMGET', P.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg', 'xw',
+  'bhit', 'bmiss', 'wseq', 'epoch')
+if m[1] and not P.is_id(m[1]) then
+  redis.call('HSET', P.META, 'ld', P:last_granted())
+  repaired = repaired + 1
+end
+for i = 2, 3 do
+  -- (maintenance below writes them anew)
+  local n = m[i] and tonumber(m[i])
+  if m[i] and not (n and n <= 1e15) then
+    repaired = repaired + 1
+  end
+end
+if (m[4] or m[5] or m[6]) and not (m[4] and m[5] and m[6] and
+    string.sub(m[5], 1, #P.SIG) == P.SIG) then
+  redis.call('HDEL', P.META, 'hint', 'hintkey', 'hintmsg')
+  repaired = repaired + 1
+end
+local function figure(v)
+  return #v <= 20 and string.find(v, '^-?%d+$')
+end
+local names = {'xw', 'bhit', 'bmiss', 'wseq'}
+for i = 7, 10 do
+  if m[i] and not figure(m[i]) then
+    redis.call('HDEL', P.META, names[i - 6])
+    repaired = repaired + 1
+  end
+end
+-- (An epoch is the server time in us; the next heartbeat sets a new one.)
+if m[11] and not string.find(m[11], '^%d+$') then
+  redis.call('HDEL', P.META, 'epoch')
+  repaired = repaired + 1
+end
+local counters = redis.call('HGETALL', P.STATS)
+for i = 1, #counters, 2 do
+  if not (figure(counters[i + 1]) and string.find(counters[i], '^%w+$')) then
+    redis.call('HDEL', P.STATS, counters[i])
+    repaired = repaired + 1
+  end
+end
 
 -- gc runs the maintenance pass whatever `nd` says (and so repairs it).
 P:meta()
@@ -49,9 +129,9 @@ if not claimed.err then
   for _, id in ipairs(claimed[2]) do
     local e = redis.call('XRANGE', P.Q, id, id)[1]
     local t = e and P.ticket_of(e)
-    local L, raw = nil, nil
+    local L, raw, damaged = nil, nil, nil
     if t and t.l then
-      L, raw = P:lease_load(t.l)
+      L, raw, damaged = P:lease_load(t.l)
     end
     if L and L.ticket == id then
       if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
@@ -63,6 +143,16 @@ if not claimed.err then
       -- was moved by hand): ack it; it keeps its place in the queue.
       redis.call('XACK', P.Q, 'g', id)
     else
+      if damaged then
+        -- A damaged lease record: a lease that cannot be ended as leases
+        -- are. Record, deadline and pick-up check go with the ticket; its
+        -- entry in the index of live leases, with the repair of its
+        -- resource (4.).
+        redis.call('HDEL', P.RECS, t.l)
+        redis.call('ZREM', P.EXP, t.l)
+        redis.call('ZREM', P.PICK, t.l)
+        repaired = repaired + 1
+      end
       -- Pending with no lease behind it: a leftover, acked and deleted.
       redis.call('XACK', P.Q, 'g', id)
       redis.call('XDEL', P.Q, id)
@@ -89,7 +179,7 @@ local next_q = ''
 local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
 for _, e in ipairs(entries) do
   local t = P.ticket_of(e)
-  if t.c and not P:alive(t.c) then
+  if not (P.ticket_ok(t) and P:alive(t.c)) then
     P:drop(t)
   end
 end
@@ -116,18 +206,56 @@ if #gone >= count then
   more = 1
 end
 
--- 4. Every resource's `used` must equal its entries in the index of live
--- leases (void leases are not in it). Anything else is a bug's trace; set
--- it right, so that no resource stays full, or over-granted, for ever.
+-- 4. Every resource's record as the scripts write it, its `used` equal to
+-- its entries in the index of live leases (void leases are not in it), and
+-- each entry a lease of it. Anything else is damage or a bug's trace: set
+-- right, so that no resource stays full, or over-granted, for ever.
 local next_res = ''
+local stuck = nil
 if res_cursor ~= '' then
   local page = redis.call('HSCAN', P.RES, res_cursor, 'COUNT', count)
   for i = 1, #page[2], 2 do
+    -- (A page lists what HSCAN saw; each name is in RES: nothing before
+    -- this part of the step removes a resource.)
     local name = page[2][i]
     local r = P:res_load(name)
-    local live = redis.call('ZLEXCOUNT', P.HELD, '[' .. name .. '\0', '(' .. name .. '\1')
-    if r and r.used ~= live then
-      r.used = live
+    local fixed = r.bad
+    if not P.is_score(r.score) then
+      -- (The grant path finds a damaged score only when ZADD refuses it.)
+      r.score, fixed = '0', true
+    end
+    local live = 0
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', P.HELD, '[' .. name .. '\0',
+        '(' .. name .. '\1')) do
+      local lid = string.sub(member, #name + 2)
+      local L, _, damaged = P:lease_load(lid)
+      if L and L.res == name and P.counted(L, r) then
+        live = live + 1
+      else
+        redis.call('ZREM', P.HELD, member)
+        if damaged then
+          redis.call('HDEL', P.RECS, lid)
+          redis.call('ZREM', P.EXP, lid)
+          redis.call('ZREM', P.PICK, lid)
+        end
+        fixed = true
+      end
+    end
+    if r.used ~= live then
+      r.used, fixed = live, true
+    end
+    -- A quarantine or throttle ends by its PARK entry; FREE holds the
+    -- entry the record names, iff the resource can be granted.
+    if (r.state == 'q' or r.state == 't') and not redis.call('ZSCORE', P.PARK, name) then
+      r.state, r.untl, fixed = 'a', '0', true
+    end
+    if r.stamp ~= '' and not redis.call('ZSCORE', P.FREE, r.stamp .. name) then
+      r.stamp, fixed = '', true
+    end
+    if (r.stamp ~= '') ~= (r.state == 'a' and r.used < r.cap and not r.stuck) then
+      fixed = true
+    end
+    if fixed then
       if r.state == 'd' and live <= 0 then
         P:retire(name, r)
       else
@@ -136,6 +264,9 @@ if res_cursor ~= '' then
         P:res_save(name, r)
       end
       repaired = repaired + 1
+    end
+    if r.stuck then
+      stuck = stuck or name
     end
   end
   if page[1] ~= '0' then
@@ -152,6 +283,13 @@ if P:waiting() <= 0 and redis.call('HGET', P.META, 'xw') then
 end
 if P.more then
   more = 1
+end
+if stuck then
+  -- Everything else of this step is done (and written); the resource stays
+  -- out of rotation until its operator acts.
+  return redis.error_reply('ALLOCATOR-CORRUPT ' .. P.RES .. ": resource '" .. P:shown(stuck) ..
+    "': its fence cannot grow (lua/README.md, \"Tokens\"): it is out of rotation; " ..
+    'remove it and add it under another name')
 end
 return {'gc', P.reclaimed, P.dropped, #expired, unparked, orphans, repaired, next_pel, next_q,
         next_res, more}

@@ -15,7 +15,13 @@
 --        channel has a subscriber), 0 if not (gone, or reconnecting), -1 if
 --        nobody can tell (a client without a presence, or a server or ACL
 --        that cannot count subscribers)
+-- Errors: ALLOCATOR-ARG (a bad count), ALLOCATOR-CORRUPT naming RECS, for a
+--         live lease's record that is damaged (gc removes it)
 local after, count = ARGV[1], ARGV[2]
+local bad = P:arg('leases', 'count', count, 'int', 1, 10000)
+if bad then
+  return bad
+end
 
 local held = redis.call('ZRANGEBYLEX', P.HELD, after == '' and '-' or '(' .. after, '+',
   'LIMIT', '0', count)
@@ -23,10 +29,21 @@ local out = {'leases', P.now_s, #held == tonumber(count) and held[#held] or ''}
 for _, member in ipairs(held) do
   local at = string.find(member, '\0', 1, true)
   local lid = at and string.sub(member, at + 1)
-  local L = lid and P:lease_load(lid)
+  local L, _, damaged = nil, nil, nil
+  if lid then
+    L, _, damaged = P:lease_load(lid)
+  end
+  if damaged or (L and not P.utf8(L.res)) then
+    return P:corrupt_lease(lid)
+  end
   if L and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
     local e = redis.call('XRANGE', P.Q, L.ticket, L.ticket)[1]
     local owner = e and P.ticket_of(e).o or ''
+    if not P.utf8(owner) then
+      -- For people only, and not checked on the way in (acquire's hot
+      -- path): shown as '?' rather than break the reply's decoding.
+      owner = '?'
+    end
     out[#out + 1] = L.res
     out[#out + 1] = L.token
     out[#out + 1] = owner

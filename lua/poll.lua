@@ -16,8 +16,20 @@
 --          present: for a client that keeps a presence ('p.' ids), 1 if its
 --          channel has a subscriber, 0 if not (it must subscribe again), -1
 --          if the server cannot tell; -1 for any other client
-local lid, cid, alive_ms, probe = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local n = tonumber(ARGV[5] or '')
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
+--         (the record of this lease id is damaged)
+local lid, cid, alive_ms, probe, n = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+-- A lease id that is looked up, never written (lid, probe), may be any text
+-- Python's checks let through; one that could not be written finds nothing.
+local bad = (lid ~= '' and P:arg('poll', 'lid', lid, 'text', 128)) or
+  P:arg('poll', 'cid', cid, 'text', 128, '|') or
+  P:arg('poll', 'alive_ms', alive_ms, 'num', 1, 315360000000) or
+  (probe and probe ~= '' and P:arg('poll', 'probe', probe, 'text', 128)) or
+  (n and n ~= '' and P:arg('poll', 'count', n, 'int', 1, 1000))
+if bad then
+  return bad
+end
+n = tonumber(n or '')
 
 redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
 -- A client that runs its own call lives: whatever absence a run found
@@ -41,17 +53,25 @@ if lid == '' then
   redis.call('HSETNX', P.META, 'epoch', P.now_s)
   local ok = 1
   if probe and probe ~= '' then
-    local raw = redis.call('HGET', P.RECS, probe)
-    if not raw then
+    -- (A damaged record reads as none: the waiter's own look reports it.)
+    local L, raw = P:lease_load(probe)
+    if not L and not raw then
       ok = 0
-    elseif string.byte(raw, 1) == 87 then -- 'W'
+    elseif raw and not L then
       local ticket = string.sub(raw, 3)
       if not redis.call('XRANGE', P.Q, ticket, ticket)[1] then
         ok = 0
       end
     end
   end
-  return {'alive', redis.call('HGET', P.META, 'epoch'), ok, P.more and 1 or 0, P:presence_of(cid)}
+  -- A damaged epoch reads as '0', the same each time: no reader takes it
+  -- for a loss of data on every beat (gc removes it; the next beat sets a
+  -- new one, and the readers look once).
+  local epoch = redis.call('HGET', P.META, 'epoch')
+  if not string.find(epoch, '^%d+$') then
+    epoch = '0'
+  end
+  return {'alive', epoch, ok, P.more and 1 or 0, P:presence_of(cid)}
 end
 
 local mine = P:dispatch(lid)
@@ -60,11 +80,11 @@ if mine and n then
 elseif mine then
   return P.lease_reply(mine)
 end
-local L, raw, got
+local L, raw, got, damaged
 if n then
   -- Granted by an earlier push: all of its leases in this reply (or none,
   -- if some were taken back meanwhile: then the request queues again).
-  got, raw = P:many_load(lid, n)
+  got, raw, damaged = P:many_load(lid, n)
   if got then
     for _, g in ipairs(got) do
       P:claim(g[1], g[2], P.OWN)
@@ -72,7 +92,10 @@ if n then
     return P.many_reply(got)
   end
 else
-  L, raw = P:lease_load(lid)
+  L, raw, damaged = P:lease_load(lid)
+end
+if damaged then
+  return P:corrupt_lease(lid)
 end
 if L then
   -- Granted by an earlier push: hand it over in this reply.

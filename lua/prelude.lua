@@ -75,6 +75,165 @@ end
 -- metatable. So the helpers keep no state of their own: only `self`.
 
 ---------------------------------------------------------------------------
+-- Checks: what a caller sends, and what the pool's keys hold
+---------------------------------------------------------------------------
+
+-- A user of a pool may run these scripts with any arguments, and may write
+-- the pool's keys by hand: the ACL that lets the scripts write a key lets
+-- its user write it too (lua/README.md, "Trust"). So each script checks
+-- every argument it reads before its first write, against the bounds that
+-- allocator/_core.py checks (no call the library makes is refused: where
+-- the Python counts characters, so do these; where it refuses what could
+-- only spoil the caller's own records, these may let it through); a bad one
+-- gets the error reply 'ALLOCATOR-ARG <op>: <argument> <why>', and nothing
+-- is written. The hot scripts (acquire, release) first test the common
+-- case in one cheap expression and call these only when it fails. Records
+-- are checked as they are parsed: a damaged field that can be put right
+-- safely is (in memory at once, saved by the next write of the record,
+-- counted by gc); what cannot gets 'ALLOCATOR-CORRUPT <key>: <what>', never
+-- a raw Lua error, and never between two writes that must go together.
+-- Bounds are literals, not fields of P (a field is made on every call):
+-- 315360000000 ms is ten years (MAX_SECONDS in _core.py).
+
+-- The reply to a bad argument: its name, why, and what came (shortened,
+-- with control characters masked, so the reply stays one line).
+function P:bad_arg(op, name, why, v)
+  local got = 'nothing'
+  if v then
+    got = "'" .. self:shown(v) .. "'" .. (#v > 60 and '...' or '')
+  end
+  return redis.error_reply('ALLOCATOR-ARG ' .. op .. ': ' .. name .. ' ' .. why .. ', got ' .. got)
+end
+
+-- One argument: nil if it is good, else the error reply. `kind`:
+-- 'int'   an integer from a to b, in the digits Python writes (no sign,
+--         no leading zero, no exponent): several are stored as sent and
+--         read back by int(), and '0' is compared as a string;
+-- 'num'   an integer number from a to b in any form Lua reads (an argument
+--         only ever used as a number: alive_ms);
+-- 'flag'  '0' or '1';
+-- 'text'  1 to a characters (Python counts characters: a text longer than
+--         a bytes is counted in UTF-8 characters), none of the characters
+--         in b ('|' in ids written into records and messages whose fields
+--         '|' separates; '.' in a request's lease id, to which acquire_many
+--         appends `.<i>`);
+-- 'name'  a resource name: text of 1 to 1024 characters, UTF-8 (names go
+--         back to Python, which decodes them), no control character (a
+--         NUL would break the lex ranges of HELD and RLOG, `<name>\0...`;
+--         Python refuses every control character).
+function P:arg(op, name, v, kind, a, b)
+  local why
+  if kind == 'int' or kind == 'num' then
+    local n = v and (kind == 'num' or v == '0' or string.find(v, '^[1-9]%d*$')) and tonumber(v)
+    if n and n >= a and n <= b and n % 1 == 0 then
+      return nil
+    end
+    why = 'must be an integer from ' .. a .. ' to ' .. b
+  elseif kind == 'flag' then
+    if v == '1' or v == '0' then
+      return nil
+    end
+    why = "must be '0' or '1'"
+  else
+    local limit = kind == 'name' and 1024 or a
+    if not v or v == '' or (#v > limit and (#v > 4 * limit or
+        #v - select(2, string.gsub(v, '[\128-\191]', '')) > limit)) then
+      why = 'must be 1 to ' .. limit .. ' characters long'
+    elseif kind == 'name' and string.find(v, '%c') then
+      why = 'must hold no control character'
+    elseif kind == 'name' and not self.utf8(v) then
+      why = 'must be UTF-8 text'
+    end
+    for i = 1, kind == 'text' and b and #b or 0 do
+      if not why and string.find(v, string.sub(b, i, i), 1, true) then
+        why = "must not hold '" .. string.sub(b, i, i) .. "'"
+      end
+    end
+    if not why then
+      return nil
+    end
+  end
+  return self:bad_arg(op, name, why, v)
+end
+
+-- Is s UTF-8 as Python decodes it (no overlong form, no surrogate, nothing
+-- past U+10FFFF)? ASCII is found at once; anything else byte by byte: a
+-- lead byte, then its continuation bytes (the first of them in a narrower
+-- range after E0, ED, F0 and F4).
+function P.utf8(s)
+  if not string.find(s, '[\128-\255]') then
+    return true
+  end
+  local i = 1
+  while i <= #s do
+    local c, len, lo, hi = string.byte(s, i), 1, 128, 191
+    if c > 244 or (c >= 128 and c < 194) then
+      return false
+    elseif c >= 240 then
+      len, lo, hi = 4, c == 240 and 144 or 128, c == 244 and 143 or 191
+    elseif c >= 224 then
+      len, lo, hi = 3, c == 224 and 160 or 128, c == 237 and 159 or 191
+    elseif c >= 194 then
+      len = 2
+    end
+    for j = i + 1, i + len - 1 do
+      local d = string.byte(s, j)
+      if not d or d < (j == i + 1 and lo or 128) or d > (j == i + 1 and hi or 191) then
+        return false
+      end
+    end
+    i = i + len
+  end
+  return true
+end
+
+-- Text from the pool's keys for an error reply: shortened, control
+-- characters (and, in what is not UTF-8, every byte past ASCII) masked.
+function P:shown(s)
+  s = string.sub(s, 1, 60)
+  return (string.gsub(s, self.utf8(s) and '%c' or '[%c\128-\255]', '?'))
+end
+
+-- A stream id the server can read back: ms-seq, each part under 20 digits
+-- (beyond 2^64 XRANGE refuses it, which would stop a script half-way).
+function P.is_id(v)
+  local ms, seq = string.match(v, '^(%d+)%-(%d+)$')
+  return ms ~= nil and #ms < 20 and #seq < 20
+end
+
+-- A sorted-set score (-priority) as Python writes a number: finite, within
+-- +-1e15, and in a form ZADD reads (no spaces, no hex, no inf or nan, no
+-- underflow to 0: Redis refuses those mid-run).
+function P.is_score(v)
+  local n = string.find(v, '^[-+]?[%d.][%d.eE+-]*$') and tonumber(v)
+  return n and n >= -1e15 and n <= 1e15 and (n ~= 0 or not string.find(v, '[1-9]'))
+end
+
+-- HINCRBY of a figure that a damaged field cannot stop: a field that holds
+-- no integer (or would overflow) starts again from n. A figure is never a
+-- decision, and a script must not die half-way for one. (redis.pcall costs
+-- what redis.call does; P:count_wait, on every grant, has it inline.)
+function P:add(key, field, n)
+  local done = redis.pcall('HINCRBY', key, field, n)
+  if type(done) == 'table' then
+    self.mend_figure(done, key, field, n)
+  end
+end
+
+-- After a HINCRBY (redis.pcall) that failed: a field that holds no integer,
+-- or would overflow, starts again from n. Any other error (an ACL, a key of
+-- another type) is no damage of a field: the command runs again under
+-- redis.call, which raises it as it came. (Each pcall of the scripts treats
+-- its failures so.)
+function P.mend_figure(failed, key, field, n)
+  local err = failed.err or ''
+  if string.find(err, 'not an integer', 1, true) or string.find(err, 'overflow', 1, true) then
+    return redis.call('HSET', key, field, n)
+  end
+  return redis.call('HINCRBY', key, field, n)
+end
+
+---------------------------------------------------------------------------
 -- Resources
 ---------------------------------------------------------------------------
 
@@ -93,25 +252,104 @@ end
 -- Numbers the grant path needs are converted; the rest stay strings. A
 -- record read once is kept for the rest of the run (a release that hands
 -- its resource straight on reads it once); res_save and retire keep the
--- kept copy right.
-function P:res_load(name)
+-- kept copy right. `raw`: the record, read already (status, gc).
+-- One match checks the shape, then the bounds a match cannot check; a
+-- record that fails is damaged, and mended in memory (P:res_mend). The
+-- score is checked where it is used: ZADD refuses a damaged one (P:place);
+-- status and gc check it. `stuck`: the fence cannot grow. Tokens are kept
+-- below 2^53, the integers a Lua number (a double) holds exactly: `fence +
+-- 1` beyond that would repeat a token, and no token of the server clock in
+-- us gets there before the year 2255. A resource whose fence has got there
+-- (only damage can) is never granted again: out of FREE for good, reported
+-- by status and gc (ALLOCATOR-CORRUPT).
+function P:res_load(name, raw)
   local r = self.records[name]
   if r ~= nil then
     return r or nil
   end
-  local raw = redis.call('HGET', self.RES, name)
+  raw = raw or redis.call('HGET', self.RES, name)
   if not raw then
     self.records[name] = false
     return nil
   end
-  local cap, score, used, fence, state, untl, stamp, rc, rw, rv = string.match(raw,
-    '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  r = {
-    cap = tonumber(cap), score = score, used = tonumber(used), fence = fence, state = state,
-    untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv,
-  }
+  local cap, score, used, fence, state, untl, stamp, rc, rw, rv = raw:match(
+    '^(%d+)|([^|]+)|(%d+)|(%d+)|([aqtd])|(%d+)|(%x*)|(%d+)|(%d+)|(%d+)$')
+  local n = cap and #cap <= 10 and tonumber(cap)
+  if not n or n < 1 or n > 2147483648 or (#stamp ~= 0 and #stamp ~= 14) or
+      (#rc > 1 and rc:byte(1) == 48) then
+    r = self:res_mend(name, raw)
+  else
+    r = {
+      cap = n, score = score, used = tonumber(used), fence = fence, state = state,
+      untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv,
+    }
+    if #fence > 15 and (#fence > 16 or fence >= '9007199254740992') then
+      r.stuck = true
+    end
+  end
   self.records[name] = r
   return r
+end
+
+-- A damaged record, read field by field: each wrong field takes a default
+-- that can grant no more than the true record would. Capacity 1; priority
+-- 0; the lease count from the index of live leases; the state and end of a
+-- quarantine or throttle from PARK (else active); the stamp if it looks
+-- like one, else none (placed anew by its next write: a member of FREE left
+-- behind is met as a stale one, P:choose); no rate limit (unless count and
+-- window read right); `rv` as it was if it reads right, else the fence, so
+-- that no lease from before the damage counts again (their holders see them
+-- lost). The fence has no safe default: one that is not a token is kept as
+-- it is, and the resource is stuck. `bad`: a writer that saves it saves the
+-- mended record; gc counts it. Reads only, so a read-only script may mend.
+function P:res_mend(name, raw)
+  local f = {}
+  for part in string.gmatch(raw .. '|', '([^|]*)|') do
+    f[#f + 1] = part
+  end
+  local function int(v, most)
+    return v and #v <= most and string.find(v, '^%d+$') and v
+  end
+  local fence = int(f[4], 16)
+  local r = {
+    cap = tonumber(int(f[1], 10) or 1), score = f[2] and self.is_score(f[2]) and f[2] or '0',
+    used = redis.call('ZLEXCOUNT', self.HELD, '[' .. name .. '\0', '(' .. name .. '\1'),
+    fence = fence or f[4] or '', state = 'a', untl = '0', stamp = '', rc = '0', rw = '0',
+    rv = fence or '0', stuck = not fence or fence >= '9007199254740992' and #fence == 16,
+    bad = true,
+  }
+  if r.cap < 1 or r.cap > 2147483648 then
+    r.cap = 1
+  end
+  local rv = int(f[10], 16)
+  if fence and rv and (#rv < #fence or (#rv == #fence and rv <= fence)) then
+    r.rv = rv
+  end
+  if f[7] and #f[7] == 14 and string.find(f[7], '^%x+$') then
+    r.stamp = f[7]
+  end
+  local parked = redis.call('ZSCORE', self.PARK, name)
+  if f[5] == 'd' then
+    r.state = 'd'
+  elseif parked and f[5] ~= 'a' then
+    r.state, r.untl = f[5] == 't' and 't' or 'q', int(parked, 15) or tostring(self.now)
+  end
+  local rc, rw = int(f[8], 7), int(f[9], 15)
+  if rc and rw and (rc == '0' or string.byte(rc, 1) ~= 48) and tonumber(rc) <= 1000000 then
+    r.rc, r.rw = rc, rw
+  end
+  return r
+end
+
+-- A member of FREE that names no grantable resource leaves FREE; if it was
+-- the resource's own entry, the record forgets it too (it is placed anew
+-- once it can be granted again).
+function P:unfree(member, name, r)
+  redis.call('ZREM', self.FREE, member)
+  if r and r.stamp ~= '' and r.stamp .. name == member then
+    r.stamp = ''
+    self:res_save(name, r)
+  end
 end
 
 -- `fence` is written back as it was loaded unless a grant changed it (then
@@ -123,18 +361,27 @@ function P:res_save(name, r)
     '|' .. r.state .. '|' .. r.untl .. '|' .. r.stamp .. '|' .. r.rc .. '|' .. r.rw .. '|' .. r.rv)
 end
 
--- The invariant of FREE: a resource is in it iff it is active and has a
--- free slot. `restamp` sends a resource that stays free to the back of its
--- priority class, because it was just used (or just came back).
+-- The invariant of FREE: a resource is in it iff it is active, has a free
+-- slot, and its fence can grow. `restamp` sends a resource that stays free
+-- to the back of its priority class, because it was just used (or just
+-- came back).
 function P:place(name, r, restamp)
-  local want = r.state == 'a' and r.used < r.cap
+  local want = r.state == 'a' and r.used < r.cap and not r.stuck
   if r.stamp ~= '' and (restamp or not want) then
     redis.call('ZREM', self.FREE, r.stamp .. name)
     r.stamp = ''
   end
   if want and r.stamp == '' then
     r.stamp = self:now_stamp()
-    redis.call('ZADD', self.FREE, r.score, r.stamp .. name)
+    local done = redis.pcall('ZADD', self.FREE, r.score, r.stamp .. name)
+    if done ~= 1 and done ~= 0 then -- (an error: a table, not the count)
+      if string.find(done.err or '', 'float', 1, true) then
+        -- A damaged score, which ZADD refuses: priority 0, as P:res_mend
+        -- has it (the caller saves the record).
+        r.score, r.bad = '0', true
+      end
+      redis.call('ZADD', self.FREE, r.score, r.stamp .. name)
+    end
   end
 end
 
@@ -205,7 +452,7 @@ end
 -- costs a call.
 function P:note(field, n)
   if n > 0 then
-    redis.call('HINCRBY', self.STATS, field, n)
+    self:add(self.STATS, field, n)
   end
 end
 
@@ -236,9 +483,16 @@ function P:count_wait(ticket)
   elseif w <= 60000 then f = 'w13'
   elseif w <= 300000 then f = 'w14'
   end
-  redis.call('HINCRBY', self.STATS, f, '1')
+  -- (P.add, inline: this is every grant's path.)
+  local done = redis.pcall('HINCRBY', self.STATS, f, '1')
+  if type(done) == 'table' then
+    self.mend_figure(done, self.STATS, f, '1')
+  end
   if w > 0 then
-    redis.call('HINCRBY', self.STATS, 'ws', w)
+    done = redis.pcall('HINCRBY', self.STATS, 'ws', w)
+    if type(done) == 'table' then
+      self.mend_figure(done, self.STATS, 'ws', w)
+    end
   end
 end
 
@@ -259,6 +513,13 @@ function P:throttle_if_spent(name, r)
   end
   local oldest = redis.call('ZRANGEBYLEX', self.RLOG, lo, hi, 'LIMIT', '0', '1')[1]
   local at = tonumber(string.sub(oldest, #name + 2, #name + 15), 16)
+  if not at or at > self.now_us then
+    -- No grant time the scripts wrote (an entry added by hand; or one of
+    -- a clock that ran ahead before a failover): out of the log, and look
+    -- again. Each round removes one entry, so this ends.
+    redis.call('ZREM', self.RLOG, oldest)
+    return self:throttle_if_spent(name, r)
+  end
   self:park(name, r, 't', math.ceil((at + win) / 1000))
 end
 
@@ -270,19 +531,38 @@ end
 -- `pushed` is 1 if the grant went to the waiter's signal list (0: handed
 -- over in a script reply); such a grant is *unclaimed* while its lease id is
 -- in PICK (see P:claim).
--- Returns the lease (or nil) and the raw record (a waiting one is W|ticket).
--- All fields stay strings but the deadline.
+-- Returns the lease (or nil) and the raw record of a waiting one (W|ticket).
+-- All fields stay strings but the deadline. A record that is neither, as
+-- the scripts write them, is damaged: nil, nil and the raw record. Those it
+-- meets on the way (maintenance, dispatch, take-back) a script leaves for
+-- gc, which removes them; a script asked about one by its owner replies
+-- ALLOCATOR-CORRUPT (P.corrupt_lease).
 function P:lease_load(lid)
   local raw = redis.call('HGET', self.RECS, lid)
-  if not raw or string.byte(raw, 1) ~= 76 then -- 'L'
-    return nil, raw
+  if not raw then
+    return nil, nil
   end
-  local ticket, token, granted, deadline, ttl, cid, pickup, res = string.match(raw,
-    '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  if string.byte(raw, 1) ~= 76 then -- 'L'
+    if string.byte(raw, 1) == 87 and self.is_id(string.sub(raw, 3)) then -- 'W'
+      return nil, raw
+    end
+    return nil, nil, raw
+  end
+  local ticket, token, granted, deadline, ttl, cid, pickup, res = raw:match(
+    '^L|(%d+%-%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]+)|([01])|(.+)$')
+  if not ticket or (#ticket > 20 and not self.is_id(ticket)) or #token > 19 then
+    return nil, nil, raw
+  end
   return {
     ticket = ticket, token = token, granted = granted, deadline = tonumber(deadline),
     ttl = ttl, cid = cid, pickup = pickup, res = res,
   }, raw
+end
+
+-- The reply to a caller whose own record (its lease id's) is damaged.
+function P:corrupt_lease(lid)
+  return redis.error_reply('ALLOCATOR-CORRUPT ' .. self.RECS .. ': the record of lease ' ..
+    self:shown(lid) .. ' is malformed (gc removes it)')
 end
 
 function P:lease_save(lid, L)
@@ -496,14 +776,40 @@ end
 -- The pool's bookkeeping in META, read once per run: the last ticket
 -- delivered (granted) in queue order, the lower bounds `nd` and `nh` (see
 -- P:schedule), and the hint last pushed to a queue head ({tag, key, msg}).
+-- A damaged field is read so that nothing is lost: `nd` or `nh` that is no
+-- time as 0 (maintenance runs, and writes them right); a hint without its
+-- list (or a list that is no signal list of the pool) as none; `ld` that is
+-- no stream id is met where it is used (P:peek).
 function P:meta()
   if not self.ld then
     local m = redis.call('HMGET', self.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg')
     self.ld = m[1] or '0-0'
-    self.nd = tonumber(m[2] or 0)
-    self.nh = tonumber(m[3] or 0)
+    local nd, nh = tonumber(m[2] or 0), tonumber(m[3] or 0)
+    self.nd = nd and nd <= 1e15 and nd or 0
+    self.nh = nh and nh <= 1e15 and nh or 0
+    if m[4] and not (m[5] and m[6] and string.sub(m[5], 1, #self.SIG) == self.SIG) then
+      m[4] = false
+    end
     self.hinted = {m[4], m[5], m[6]}
   end
+end
+
+-- Where the queue's granted part ends, when `ld` cannot be read: every
+-- ticket up to `ld` was granted, and a granted ticket stays in the stream
+-- (pending in the group) exactly as long as its lease: so the last pending
+-- id splits the stream where `ld` did. Reads only; the next grant saves
+-- `ld` (P:deliver), and gc at once.
+function P:last_granted()
+  local p = redis.pcall('XPENDING', self.Q, 'g')
+  if p.err then
+    -- No group (nor queue): nothing was ever granted. Any other error is
+    -- raised as it came (see P.mend_figure).
+    if string.find(p.err, 'NOGROUP', 1, true) then
+      return '0-0'
+    end
+    p = redis.call('XPENDING', self.Q, 'g')
+  end
+  return p[3] or '0-0'
 end
 
 -- Tickets waiting: every ticket in the stream is waiting or leased, and
@@ -523,10 +829,21 @@ function P.ticket_of(e)
   return t
 end
 
--- The queue head: the first ticket after the last one granted.
+-- The queue head: the first ticket after the last one granted. An `ld`
+-- that XRANGE refuses (damage) is read as P:last_granted has it. (pcall
+-- costs what call does: the check is free while nothing is wrong.)
 function P:peek()
   self:meta()
-  local e = redis.call('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)[1]
+  local e = redis.pcall('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
+  if e.err then
+    -- ('Invalid stream ID'; 'invalid start ID' for the greatest id.) Any
+    -- other error is raised as it came (see P.mend_figure).
+    if string.find(e.err, 'ID', 1, true) then
+      self.ld = self:last_granted()
+    end
+    e = redis.call('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
+  end
+  e = e[1]
   return e and self.ticket_of(e)
 end
 
@@ -641,26 +958,63 @@ function P:hint_next(t, at, self_lid)
 end
 
 -- A waiting ticket whose client is gone (its liveness mark ran out) leaves
--- the queue. Only a ticket that is still waiting: a granted one is a lease,
--- which only ends through end_lease (it keeps `used` right).
+-- the queue; so does an entry that was never a waiter's (added or damaged
+-- by hand: no record names it). Only a ticket that is not granted: a
+-- granted one is a lease, which only ends through end_lease (it keeps
+-- `used` right); then false, and nothing is changed.
 function P:drop(t)
-  local raw = redis.call('HGET', self.RECS, t.l)
-  if raw and raw ~= 'W|' .. t.id then
+  local raw = t.l and redis.call('HGET', self.RECS, t.l)
+  local mine = raw == 'W|' .. t.id
+  if raw and not mine and string.sub(raw, 1, #t.id + 3) == 'L|' .. t.id .. '|' then
     return false
   end
   redis.call('XDEL', self.Q, t.id)
-  if t.x then
+  if t.x == '1' then
     -- A place-holder entry of a multi request (see P:grant_many): it has
     -- no record and is no waiter of its own.
     self:extras(-1)
     return true
   end
-  if raw then
+  if mine then
     redis.call('HDEL', self.RECS, t.l)
   end
-  self:unhint(t.l)
+  if t.l then
+    self:unhint(t.l)
+  end
   self.dropped = self.dropped + 1
   self:note('dropped', 1)
+  return true
+end
+
+-- Can queue entry t be served: does it hold what a grant reads (a pool's
+-- user may add entries by hand)? A lease id and a client id; a ttl (kept as
+-- `tn` for the grant), and with a binding its ttl, numbers of ms in range;
+-- a count from 1 to 1000. What a grant only copies (the ttl's digits, a
+-- client id) can at worst spoil the record of the lease granted by it,
+-- which the scripts then treat as damaged (P:lease_load): never the pool.
+-- A place-holder needs only its lease id, client id and mark.
+function P.ticket_ok(t)
+  if not t.l or not t.c then
+    return false
+  elseif t.x then
+    return t.x == '1'
+  end
+  -- (Each test is written so that NaN fails it.)
+  local n = tonumber(t.t)
+  if not (n and n >= 1 and n <= 315360000000) then
+    return false
+  end
+  t.tn = n
+  if t.b then
+    n = tonumber(t.B)
+    if not (n and n >= 1 and n <= 315360000000) then
+      return false
+    end
+  end
+  if t.n then
+    n = tonumber(t.n)
+    return n ~= nil and n >= 1 and n <= 1000 and n % 1 == 0
+  end
   return true
 end
 
@@ -727,23 +1081,38 @@ function P:choose(t, best)
     local bound = redis.call('HGET', self.BIND, t.b)
     if bound and tonumber(redis.call('ZSCORE', self.BEXP, t.b) or 0) > self.now then
       local r = self:res_load(bound)
-      if r and r.stamp ~= '' then
+      if r and r.stamp ~= '' and r.state == 'a' and r.used < r.cap and not r.stuck then
         return bound, r, 'hit'
       end
       binding = r and 'miss' or 'moved'
     end
   end
   local name = string.sub(best, 15)
-  return name, self:res_load(name), binding
+  local r = self:res_load(name)
+  -- Can it be granted? FREE's invariant says so of its members, but a
+  -- member may be stale (a damaged record, a write by hand). One that names
+  -- a grantable resource under an older stamp is granted safely; it leaves
+  -- FREE once it names one that is not.
+  if r and r.state == 'a' and r.used < r.cap and not r.stuck then
+    return name, r, binding
+  end
+  -- A stale member of FREE: it leaves FREE, nothing is granted by it, and
+  -- the caller looks again.
+  self:unfree(best, name, r)
+  return nil
 end
 
 -- Grant the head a free resource. The ticket becomes pending in the group;
 -- the token is the resource's next, floored on the server clock in us so
 -- that tokens keep growing even after a restart that lost data. A waiter
 -- other than the caller is told by a push to its signal list; that grant
--- must be popped within PICKUP_MS or it is taken back.
+-- must be popped within PICKUP_MS or it is taken back. nil (and nothing
+-- granted) if `best` was a stale member of FREE.
 function P:grant(t, best, self_lid)
   local name, r, binding = self:choose(t, best)
+  if not name then
+    return nil
+  end
   self:deliver(t.id)
   self:unhint(t.l)
   -- The floor is the common case; a second grant in the same microsecond
@@ -751,6 +1120,11 @@ function P:grant(t, best, self_lid)
   local token = self.now_s
   if tonumber(r.fence) >= self.now_us then
     token = string.format('%.0f', tonumber(r.fence) + 1)
+    if tonumber(token) >= 9007199254740992 then
+      -- The last token it can give (P:res_load): no more grants, from
+      -- this run on.
+      r.stuck = true
+    end
   end
   r.fence = token
   r.used = r.used + 1
@@ -762,7 +1136,7 @@ function P:grant(t, best, self_lid)
   self:place(name, r, true)
   self:res_save(name, r)
 
-  local deadline = self.now + tonumber(t.t)
+  local deadline = self.now + (t.tn or tonumber(t.t))
   local L = {
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
     cid = t.c, pickup = '0', res = name,
@@ -779,9 +1153,9 @@ function P:grant(t, best, self_lid)
 
   if binding then
     if binding == 'hit' then
-      redis.call('HINCRBY', self.META, 'bhit', '1')
+      self:add(self.META, 'bhit', '1')
     else
-      redis.call('HINCRBY', self.META, 'bmiss', '1')
+      self:add(self.META, 'bmiss', '1')
       if binding == 'moved' then
         redis.call('HSET', self.BIND, t.b, name)
       end
@@ -815,9 +1189,15 @@ function P:dispatch(self_lid)
     if not t then
       return nil
     end
+    -- The caller's own ticket was made of checked arguments; any other is
+    -- checked before it is served (P.ticket_ok; one without a lease id is
+    -- nobody's).
     local live, gone_at = true, nil
-    if t.l ~= self_lid then
-      live, gone_at = self:alive(t.c)
+    if t.l ~= self_lid or not self_lid then
+      live = self.ticket_ok(t)
+      if live then
+        live, gone_at = self:alive(t.c)
+      end
     end
     if not live then
       if drops >= self.DROP_LIMIT then
@@ -825,9 +1205,10 @@ function P:dispatch(self_lid)
         return nil
       end
       if not self:drop(t) then
-        -- A granted ticket after `ld`: the bookkeeping is broken; never
-        -- loop on it. gc repairs what it can.
-        return nil
+        -- A granted ticket after `ld` (`ld` was damaged, or set back by
+        -- hand): it was delivered, so the queue's head is after it.
+        self.ld = t.id
+        redis.call('HSET', self.META, 'ld', t.id)
       end
       drops = drops + 1
     elseif gone_at then
@@ -851,8 +1232,9 @@ function P:dispatch(self_lid)
       -- stream of single requests can never starve it. ZCARD of FREE is
       -- the number of distinct resources that can be granted now:
       -- quarantined, throttled (rate budget spent), draining and full ones
-      -- are not in it.
-      if redis.call('ZCARD', self.FREE) < tonumber(t.n) then
+      -- are not in it (P:free_ok makes sure no stale member counts).
+      local n = tonumber(t.n)
+      if redis.call('ZCARD', self.FREE) < n or not self:free_ok(n) then
         self:hint(t, self_lid)
         return nil
       end
@@ -862,9 +1244,36 @@ function P:dispatch(self_lid)
       end
     else
       local L = self:grant(t, best, self_lid)
-      if t.l == self_lid then
+      if L and t.l == self_lid then
         return L
       end
+    end
+  end
+end
+
+-- Are the first n members of FREE n grantable resources? A stale member
+-- met on the way leaves FREE (P:unfree), and the look starts again.
+-- grant_many relies on it: once it has started, it must not meet one.
+function P:free_ok(n)
+  while true do
+    local members = redis.call('ZRANGE', self.FREE, '0', n - 1)
+    if #members < n then
+      return false
+    end
+    local clean = true
+    for _, m in ipairs(members) do
+      local name = string.sub(m, 15)
+      local r = self:res_load(name)
+      -- (As P:choose checks, and the member must be the resource's own:
+      -- two members of one resource are not two resources.)
+      if not (r and r.stamp .. name == m and r.state == 'a' and r.used < r.cap and
+          not r.stuck) then
+        self:unfree(m, name, r)
+        clean = false
+      end
+    end
+    if clean then
+      return true
     end
   end
 end
@@ -883,7 +1292,7 @@ end
 -- `xw` counts the place-holders still waiting, so that status() counts a
 -- waiting multi request once.
 function P:extras(d)
-  redis.call('HINCRBY', self.META, 'xw', d)
+  self:add(self.META, 'xw', d)
 end
 
 -- The lease id of resource i of the request `lid`.
@@ -961,7 +1370,8 @@ end
 -- of {lease id, lease}, or nil. A grant of which some leases already ended
 -- (taken back while its client looked gone, expired before the waiter
 -- looked) is ended whole: a requester holds all of its resources or none.
--- Also returns the raw record of the first lease id (W|ticket while waiting).
+-- Also returns the raw record of the first lease id (W|ticket while waiting),
+-- or, as third value, a damaged record of the request (nothing is changed).
 function P:many_load(lid, n)
   local got, ids = {}, {}
   for i = 1, n do
@@ -971,9 +1381,17 @@ function P:many_load(lid, n)
   -- then read and parsed by lease_load.
   local raws = redis.call('HMGET', self.RECS, unpack(ids))
   local raw = raws[1] or nil
+  if raw and string.byte(raw, 1) ~= 76 and not (string.byte(raw, 1) == 87 and
+      self.is_id(string.sub(raw, 3))) then
+    return nil, nil, raw
+  end
   for i = 1, n do
     if raws[i] and string.byte(raws[i], 1) == 76 then -- 'L'
-      got[#got + 1] = {ids[i], self:lease_load(ids[i])}
+      local L, _, bad = self:lease_load(ids[i])
+      if not L then
+        return nil, nil, bad
+      end
+      got[#got + 1] = {ids[i], L}
     end
   end
   if #got == n then

@@ -7,7 +7,13 @@
 --
 -- ARGV: name, ms
 -- Reply: {'quarantined', until_ms} | {'draining'} | {'unknown'}
-local name, ms = ARGV[1], tonumber(ARGV[2])
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written)
+local name, ms = ARGV[1], ARGV[2]
+local bad = P:arg('quarantine', 'resource', name, 'name') or
+  P:arg('quarantine', 'ms', ms, 'int', 1, 315360000000)
+if bad then
+  return bad
+end
 
 P:maintain()
 local r = P:res_load(name)
@@ -24,5 +30,7 @@ end
 P:park(name, r, 'q', untl)
 P:place(name, r, false)
 P:res_save(name, r)
+-- A quarantine started by an operator (`qo`; by a release: release.lua).
+P:add(P.STATS, 'qo', '1')
 P:dispatch(nil)
 return {'quarantined', untl}

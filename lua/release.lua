@@ -6,10 +6,29 @@
 -- Reply: {'released'} | {'lost'}   the lease had already ended (expired,
 --        revoked, released before): nothing was changed on its behalf
 --      | {'claimed'}               unclaimed was asked, and it was claimed
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
+--         (the lease's record is damaged)
 local lid, ticket, quarantine, unclaimed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- lid and ticket are looked up, never written: any text Python's checks of
+-- a Lease let through (a ticket of another shape finds nothing).
+-- The common case in one cheap test, then argument by argument (acquire.lua).
+if not (lid and ticket and lid ~= '' and ticket ~= '' and #lid <= 128 and #ticket <= 64 and
+    quarantine == '' and unclaimed == '') then
+  local bad = P:arg('release', 'lid', lid, 'text', 128) or
+    P:arg('release', 'ticket', ticket, 'text', 64) or
+    (quarantine ~= '' and P:arg('release', 'quarantine_ms', quarantine, 'int', 0,
+      315360000000)) or
+    (unclaimed ~= '' and P:arg('release', 'unclaimed', unclaimed, 'flag'))
+  if bad then
+    return bad
+  end
+end
 
 P:maintain()
-local L = P:lease_load(lid)
+local L, _, damaged = P:lease_load(lid)
+if damaged then
+  return P:corrupt_lease(lid)
+end
 if not L or L.ticket ~= ticket then
   P:dispatch(nil)
   return {'lost'}
@@ -32,6 +51,8 @@ if quarantine ~= '' and r.state ~= 'd' then
     untl = math.max(untl, tonumber(r.untl))
   end
   P:park(L.res, r, 'q', untl)
+  -- A quarantine started by a release (`qr`; an operator's: quarantine.lua).
+  P:add(P.STATS, 'qr', '1')
 end
 P:settle(L.res, r)
 P:dispatch(nil)

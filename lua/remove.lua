@@ -4,6 +4,14 @@
 --
 -- ARGV: force ('1' | '0'), name...
 -- Reply: {'removed', count}   unknown names are not counted
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written)
+local bad = P:arg('remove', 'force', ARGV[1], 'flag')
+for i = 2, #ARGV do
+  bad = bad or P:arg('remove', 'resource', ARGV[i], 'name')
+end
+if bad then
+  return bad
+end
 local force = ARGV[1] == '1'
 
 P:maintain()

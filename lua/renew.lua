@@ -3,10 +3,25 @@
 --
 -- ARGV: lid, ticket, ttl_ms
 -- Reply: {'renewed', deadline_ms} | {'lost'}
-local lid, ticket, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+-- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
+--         (the lease's record is damaged)
+local lid, ticket, ttl = ARGV[1], ARGV[2], ARGV[3]
+-- The common case in one cheap test, then argument by argument (acquire.lua).
+if not (lid and ticket and ttl and lid ~= '' and ticket ~= '' and #lid <= 128 and
+    #ticket <= 64 and #ttl < 12 and string.find(ttl, '^[1-9]%d*$')) then
+  local bad = P:arg('renew', 'lid', lid, 'text', 128) or
+    P:arg('renew', 'ticket', ticket, 'text', 64) or
+    P:arg('renew', 'ttl_ms', ttl, 'int', 1, 315360000000)
+  if bad then
+    return bad
+  end
+end
 
 P:maintain()
-local L = P:lease_load(lid)
+local L, _, damaged = P:lease_load(lid)
+if damaged then
+  return P:corrupt_lease(lid)
+end
 if not L or L.ticket ~= ticket then
   P:dispatch(nil)
   return {'lost'}

@@ -7,10 +7,19 @@
 -- ARGV: lid (the lease's id)
 -- Reply: {'revoked'} | {'unknown'}   no live lease has that id (it ended:
 --        released, expired, revoked before; or it never was)
+-- Errors: ALLOCATOR-ARG (a bad lease id: nothing written), ALLOCATOR-CORRUPT
+--         (the record of this lease id is damaged)
 local lid = ARGV[1]
+local bad = P:arg('revoke', 'lid', lid, 'text', 128)
+if bad then
+  return bad
+end
 
 P:maintain()
-local L = P:lease_load(lid)
+local L, _, damaged = P:lease_load(lid)
+if damaged then
+  return P:corrupt_lease(lid)
+end
 if not L then
   return {'unknown'}
 end

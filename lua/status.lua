@@ -16,13 +16,26 @@
 --        records as in lua/README.md; stale: leases of that resource past
 --        their deadline and not yet reclaimed; absent: its live leases whose
 --        holder is not connected (see leases.lua)
+-- Errors: ALLOCATOR-ARG (a bad cursor or count), ALLOCATOR-CORRUPT naming
+--         RES and a resource whose record is damaged (status cannot tell
+--         what it holds; gc mends it) or whose fence cannot grow
+--         (lua/README.md, "Tokens")
 local cursor, count = ARGV[1], ARGV[2]
+local bad = P:arg('status', 'cursor', cursor, 'int', 0, 2 ^ 53) or
+  P:arg('status', 'count', count, 'int', 1, 10000)
+if bad then
+  return bad
+end
 
 local exists = redis.call('EXISTS', unpack(KEYS, 1, 15))
 local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss', 'xw')
+-- Figures of META the scripts only add to; a damaged one reads as 0.
+local function figure(v)
+  return v and #v < 16 and string.find(v, '^-?%d+$') and tonumber(v) or 0
+end
 -- A waiting multi request counts once, not once per entry (`xw`: its
 -- place-holders, lua/README.md).
-local waiting = math.max(0, P:waiting() - tonumber(meta[3] or 0))
+local waiting = math.max(0, P:waiting() - figure(meta[3]))
 -- The head of the queue: the first ticket after the last one granted. Its
 -- stream id is the server time (ms) it came in.
 local oldest = 0
@@ -35,20 +48,34 @@ end
 local page = redis.call('HSCAN', P.RES, cursor, 'COUNT', count)
 local out = {
   'status', P.now_s, exists > 0 and 1 or 0, waiting, oldest,
-  redis.call('ZCOUNT', P.BEXP, '(' .. P.now, '+inf'), tonumber(meta[1] or 0),
-  tonumber(meta[2] or 0), page[1],
+  redis.call('ZCOUNT', P.BEXP, '(' .. P.now, '+inf'), figure(meta[1]), figure(meta[2]),
+  page[1],
 }
 local rows = page[2]
 for i = 1, #rows, 2 do
   local name, raw = rows[i], rows[i + 1]
-  -- Its leases past their deadline (the lease index HELD, by name: only
-  -- for a resource with leases at all).
+  -- (A damaged record is read as a writer would mend it: reads only.)
+  local r = P:res_load(name, raw)
+  if r.bad or r.stuck or not P.is_score(r.score) or not P.utf8(name) then
+    local why = 'its record is malformed (gc mends it)'
+    if r.stuck then
+      why = 'its fence cannot grow (lua/README.md, "Tokens"): it is out of rotation; remove ' ..
+        'it and add it under another name'
+    elseif not (r.bad or not P.is_score(r.score)) then
+      why = 'its name is not UTF-8 (no script writes one): remove it'
+    end
+    return redis.error_reply('ALLOCATOR-CORRUPT ' .. P.RES .. ": resource '" .. P:shown(name) ..
+      "': " .. why)
+  end
+  -- Its leases past their deadline, and those whose holder is not
+  -- connected (the lease index HELD, by name: only for a resource with
+  -- leases at all).
   local stale, absent = 0, 0
-  if (tonumber(string.match(raw, '^[^|]*|[^|]*|([^|]*)|')) or 0) > 0 then
+  if r.used > 0 then
     local held = redis.call('ZRANGEBYLEX', P.HELD, '[' .. name .. '\0', '(' .. name .. '\1')
     for _, member in ipairs(held) do
       local L = P:lease_load(string.sub(member, #name + 2))
-      if L and P.counted(L, P:res_load(name)) then
+      if L and P.counted(L, r) then
         if L.deadline <= P.now then
           stale = stale + 1
         elseif P:presence_of(L.cid) == 0 then

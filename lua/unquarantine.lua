@@ -7,7 +7,12 @@
 --
 -- ARGV: name
 -- Reply: {'ended'} | {'none'} (not quarantined) | {'unknown'}
+-- Errors: ALLOCATOR-ARG (a bad name: nothing written)
 local name = ARGV[1]
+local bad = P:arg('unquarantine', 'resource', name, 'name')
+if bad then
+  return bad
+end
 
 P:maintain()
 local r = P:res_load(name)

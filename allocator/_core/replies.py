@@ -100,6 +100,8 @@ def stats_from_fields(name: str, fields: dict[str, int], server_time: float) -> 
         reclaimed=fields.get("reclaimed", 0),
         revoked=fields.get("revoked", 0),
         dropped_waiters=fields.get("dropped", 0),
+        quarantined_on_release=fields.get("qr", 0),
+        quarantined_by_operator=fields.get("qo", 0),
         wait_seconds=tuple(buckets),
         wait_seconds_sum=fields.get("ws", 0) / 1000,
         server_time=server_time,
