@@ -3,6 +3,8 @@
 - :func:`client_kind`: is it a blocking or an asyncio client? Checked when
   an allocator is made, so that a client of the wrong kind fails at once
   with a clear ``TypeError`` instead of at the first reply.
+- :func:`pooled`: may the shells take its connections from its pool
+  themselves, to bound a command's reads by the call's deadline?
 - :func:`bound_client_retries` and :func:`no_client_retries`: redis-py
   (>= 6) gives each client a ``Retry`` of its own (by default 10 retries
   with backoff, run around every command *and* around every connect). Under
@@ -41,6 +43,7 @@ __all__ = [
     "heartbeat_for",
     "is_cluster",
     "no_client_retries",
+    "pooled",
 ]
 
 _ONE_TRY: contextvars.ContextVar[bool] = contextvars.ContextVar("allocator_one_try", default=False)
@@ -196,3 +199,16 @@ def heartbeat_for(client: Any) -> float:
 def is_cluster(client: Any) -> bool:
     """A Redis Cluster client (sync or asyncio)?"""
     return hasattr(client, "nodes_manager")
+
+
+def pooled(client: Any) -> bool:
+    """Whether the shells may run a command on a connection they take from
+    ``client``'s pool themselves (to set its timeout): a ``redis.Redis`` or
+    its asyncio twin, Sentinel-managed ones included. Not a cluster client
+    (redis-py picks the node and follows redirections inside) nor a
+    single-connection one (it has no pool to take from)."""
+    return (
+        not is_cluster(client)
+        and getattr(client, "connection", None) is None
+        and hasattr(client, "connection_pool")
+    )

@@ -40,7 +40,7 @@ from .replies import (
     many_id,
     request_of,
 )
-from .retry import RETRY_BUDGET, Retrier
+from .retry import MIN_TRY, RETRY_BUDGET, SIDE_BUDGET, Retrier, try_deadline
 from .steps import RECHECK, Call, Command, Flow, Sleep
 
 _log = logging.getLogger("allocator")
@@ -252,9 +252,17 @@ class PoolBase:
         ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
         Every script is safe to run again after a reply was lost. (A script
         the server no longer has never gets here: the shells run a call
-        that meets NOSCRIPT again at once by the script's text, EVAL.)"""
+        that meets NOSCRIPT again at once by the script's text, EVAL.)
+
+        Each try is due by the deadline (:func:`try_deadline`: no sooner than
+        one round trip, plus the WAIT of a confirmed call), so a hung server
+        costs a try no more than what is left: its read times out, and the
+        deadline decides."""
         retrier = None  # made on the first failure: most calls never fail
+        floor = MIN_TRY if call.confirm is None else MIN_TRY + call.confirm[1] / 1000
         while True:
+            if deadline is not None:
+                call = call.until(try_deadline(deadline, floor))
             try:
                 reply = yield call
             except Exception as exc:
@@ -283,7 +291,8 @@ class PoolBase:
             return
         self._policy_checked = True
         try:
-            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"))
+            due = time.monotonic() + SIDE_BUDGET
+            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"), due)
         except Exception:
             return
         # CONFIG GET answers a flat list on RESP2 and a map on RESP3.

@@ -17,7 +17,7 @@ from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
 from .liveness import ALIVE_MS, HEARTBEAT
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
-from .retry import RETRY_BUDGET, is_transient
+from .retry import RETRY_BUDGET, SIDE_BUDGET, is_transient
 from .steps import RECHECK, Call, Flow, Wait
 
 
@@ -214,16 +214,21 @@ class Leasing(PoolBase):
                 state = yield from attempt(poll)
         except GeneratorExit:
             raise
-        except BaseException:
+        except BaseException as exc:
             # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
-            # leave the queue, and pass on a grant that raced in. One try: if
-            # it fails, the ticket's liveness runs out and dispatch drops it.
-            # A deleted pool holds no ticket: a cancel would only make keys.
+            # leave the queue, and pass on a grant that raced in. One short
+            # try of its own (the deadline has passed): if it fails, the
+            # ticket's liveness runs out and dispatch drops it. A deleted
+            # pool holds no ticket: a cancel would only make keys.
             if deleted:
                 raise
             cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
             with contextlib.suppress(Exception):
-                yield from self._retrying(cancel, attempts=1)
+                due = time.monotonic() + SIDE_BUDGET
+                yield from self._retrying(cancel, attempts=1, deadline=due)
+            if isinstance(exc, AcquireTimeout):
+                # The caller waited for the cancel too: say the whole time.
+                raise AcquireTimeout(self.name, time.monotonic() - started) from exc.__cause__
             raise
 
     def _look_confirmed(self, call: Call[State], deadline: float | None) -> Flow[State]:

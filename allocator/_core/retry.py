@@ -25,8 +25,18 @@ _log = logging.getLogger("allocator")
 
 #: How long a call with no deadline of its own (a single-call operation such
 #: as ``release`` or ``status``, a non-blocking ``acquire``) keeps retrying
-#: transient errors before it lets the last one through.
+#: transient errors before it lets the last one through. Every socket read
+#: of the call ends within it too, so a hung server costs no more.
 RETRY_BUDGET = 2.0
+#: The least time one try of a call gets for its replies, however little is
+#: left of its deadline: one round trip to a distant server, so that an
+#: ``acquire(timeout=0)`` still asks once.
+MIN_TRY = 0.1
+#: The budget of a call made on the side of a flow whose own deadline may
+#: have passed: the cancel of an acquire that gave up (if it cannot be sent
+#: in time, the ticket's liveness mark runs out and the queue drops it), and
+#: the check of the server's eviction policy (advisory: skipped on failure).
+SIDE_BUDGET = 0.5
 #: Full-jitter backoff between two tries: a uniform draw in
 #: [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)] after the n-th failure.
 BACKOFF_BASE = 0.05
@@ -71,6 +81,12 @@ except ImportError:  # pragma: no cover
 #: Texts of server errors that mean the same when redis-py does not map them
 #: to one of the classes above (or wraps them in a ConnectionError).
 _PERMANENT_TEXTS = ("WRONGPASS", "NOAUTH", "NOPERM", "invalid password", "CERTIFICATE_VERIFY")
+
+
+def try_deadline(deadline: float, floor: float = MIN_TRY) -> float:
+    """When one try of a call must have its replies (monotonic seconds):
+    the call's ``deadline``, and no sooner than ``floor`` seconds from now."""
+    return max(deadline, time.monotonic() + floor)
 
 
 def is_transient(error: BaseException) -> bool:
