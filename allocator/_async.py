@@ -30,6 +30,7 @@ from ._transport import (
     bound_client_retries,
     client_kind,
     is_cluster,
+    is_sentinel,
     no_client_retries,
 )
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
@@ -68,6 +69,7 @@ class AsyncFairAllocator:
             prefix=prefix,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            sentinel=is_sentinel(client),
         )
         if client_kind(client) != "async":
             raise TypeError(

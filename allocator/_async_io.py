@@ -291,7 +291,7 @@ class Reader:
             for inbox, item in step.items:
                 inbox.put_nowait(item)
             for call in step.releases:
-                chore = self.loop.create_task(drive(Pool._single(call), self._step))
+                chore = self.loop.create_task(drive(Pool.retry_single(call), self._step))
                 self._chores.add(chore)
                 chore.add_done_callback(self._chores.discard)
             return None

@@ -19,6 +19,7 @@ from ._transport import (
     bound_client_retries,
     client_kind,
     is_cluster,
+    is_sentinel,
     no_client_retries,
 )
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
@@ -48,8 +49,13 @@ class FairAllocator:
     only once that many replicas confirmed the write (Redis ``WAIT``, sent
     in the same round trip as the script, bounded by ``replica_timeout``
     seconds); else :class:`~allocator.NotReplicated` is raised, and an
-    acquire releases its grant first. A Sentinel-managed client
-    (``Sentinel(...).master_for(...)``) is a client like any other.
+    acquire releases its grant first.
+
+    A Sentinel-managed client (``Sentinel(...).master_for(...)``) is a client
+    like any other, except that its calls without a deadline of their own
+    (``release``, ``renew``, ``status``, ...) keep retrying for up to 45 s
+    instead of 2 s: long enough to ride out a failover with Sentinel's
+    default settings (docs/operations.md, "Sentinel").
 
     Every call keeps its deadline against a server that stops answering: a
     read from the socket waits no longer than what is left of the call's
@@ -75,6 +81,7 @@ class FairAllocator:
             prefix=prefix,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            sentinel=is_sentinel(client),
         )
         if client_kind(client) != "sync":
             raise TypeError(
@@ -307,8 +314,8 @@ class FairAllocator:
         own ttl) on the server clock. Returns the lease with its new
         ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
         longer held (a lease past its deadline is never brought back).
-        With Redis unreachable or hung, retries for 2 s, then lets the
-        transport error through."""
+        With Redis unreachable or hung, retries for 2 s (45 s on a
+        Sentinel-managed client), then lets the transport error through."""
         return self._drive(self._pool.renew(lease, ttl))
 
     def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
@@ -318,8 +325,9 @@ class FairAllocator:
         already ended (expired, revoked, or released before). ``quarantine``
         keeps the resource out of rotation for that many seconds; waiters
         are woken and served when it ends. With Redis unreachable or hung,
-        retries for 2 s, then lets the transport error through (the release
-        may still reach the server: if not, the lease ends at its deadline).
+        retries for 2 s (45 s on a Sentinel-managed client), then lets the
+        transport error through (the release may still reach the server:
+        if not, the lease ends at its deadline).
         """
         return self._drive(self._pool.release(lease, quarantine))
 

@@ -369,7 +369,7 @@ class Reader:
             for inbox, item in step.items:
                 inbox.put(item)
             for call in step.releases:
-                drive(Pool._single(call), self._step)
+                drive(Pool.retry_single(call), self._step)
             return None
         time.sleep(step.seconds)
         return None

@@ -3,6 +3,8 @@
 - :func:`client_kind`: is it a blocking or an asyncio client? Checked when
   an allocator is made, so that a client of the wrong kind fails at once
   with a clear ``TypeError`` instead of at the first reply.
+- :func:`is_sentinel`: is it Sentinel-managed? Its single calls then retry
+  long enough to ride out a failover (``FAILOVER_BUDGET``).
 - :func:`pooled`: may the shells take its connections from its pool
   themselves, to bound a command's reads by the call's deadline?
 - :func:`bound_client_retries` and :func:`no_client_retries`: redis-py
@@ -33,7 +35,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.retry import Retry as SyncRetry
+from redis.sentinel import SentinelConnectionPool
 
 from ._core.liveness import HEARTBEAT
 
@@ -42,6 +46,7 @@ __all__ = [
     "client_kind",
     "heartbeat_for",
     "is_cluster",
+    "is_sentinel",
     "no_client_retries",
     "pooled",
 ]
@@ -199,6 +204,13 @@ def heartbeat_for(client: Any) -> float:
 def is_cluster(client: Any) -> bool:
     """A Redis Cluster client (sync or asyncio)?"""
     return hasattr(client, "nodes_manager")
+
+
+def is_sentinel(client: Any) -> bool:
+    """A Sentinel-managed client (``Sentinel(...).master_for(...)``, sync or
+    asyncio): its connections find the master through the Sentinels."""
+    pool = getattr(client, "connection_pool", None)
+    return isinstance(pool, (SentinelConnectionPool, AsyncSentinelPool))
 
 
 def pooled(client: Any) -> bool:
