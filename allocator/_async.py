@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import (
     Any,
@@ -19,15 +20,18 @@ from typing import (
     overload,
 )
 
-from ._async_io import Reader, drive, reader_for, readers_of, run_step
+from ._async_io import Reader, drive, execute, reader_for, readers_of, run_step, within
 from ._core.keys import pool_names, pools_pattern
 from ._core.pool import Pool
+from ._core.retry import RETRY_BUDGET
 from ._core.steps import Flow, Step
 from ._scripts import scripts
 from ._transport import (
     bound_client_retries,
     client_kind,
     is_cluster,
+    is_sentinel,
+    no_client_retries,
 )
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
@@ -65,6 +69,7 @@ class AsyncFairAllocator:
             prefix=prefix,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            sentinel=is_sentinel(client),
         )
         if client_kind(client) != "async":
             raise TypeError(
@@ -343,9 +348,18 @@ class AsyncFairAllocator:
                     match=pattern, count=1000, target_nodes=client.PRIMARIES
                 )
             ]
-        else:
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-        return pool_names(keys, prefix)
+            return pool_names(keys, prefix)
+        # Each SCAN is a single call: its reply comes within the budget of one.
+        found: list[Any] = []
+        cursor = 0
+        with no_client_retries():
+            while True:
+                due = time.monotonic() + RETRY_BUDGET
+                scan = ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+                cursor, batch = await within(execute(client, scan, due), due)
+                found.extend(batch)
+                if not cursor:
+                    return pool_names(found, prefix)
 
 
 class _Keeper:

@@ -1,11 +1,21 @@
 """Asyncio I/O for the core's steps: the same as :mod:`allocator._sync_io`,
-awaitable; the reader of one client and event loop is a task."""
+awaitable; the reader of one client and event loop is a task.
+
+A step's deadline bounds the whole step (:func:`within`): its commands,
+connects and handshakes included, are cancelled when it passes. redis-py
+closes a connection whose read or write was cut short, so none goes back
+to the pool with a reply still to come. Such a command runs on a connection
+taken from the client's pool (:func:`execute`): skipping redis-py's retry
+wrapper and metrics there pays for the timer.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator
 from typing import (
@@ -40,9 +50,10 @@ from ._transport import (
     is_cluster,
     keeps_presence,
     no_client_retries,
+    pooled,
 )
 
-__all__ = ["Reader", "drive", "reader_for", "run_call", "run_step"]
+__all__ = ["Reader", "drive", "execute", "reader_for", "run_call", "run_step", "within"]
 
 _log = logging.getLogger("allocator")
 
@@ -60,29 +71,70 @@ async def run_step(
     """Same as the sync shell's ``_step``, awaitable."""
     if isinstance(step, Call):
         with no_client_retries():
-            sent = None
-            if step.confirm is None:
-                command = scripts.known(client, step.script, step.keys, step.args)
-                if command is not None:
-                    try:
-                        return await client.execute_command(*command)
-                    except ResponseError as exc:
-                        sent = (command, exc)
-            commands = scripts.invoke(client, step.script, step.keys, step.args, sent)
-            if step.confirm is not None:
-                return await _commands(client, confirming(step, commands), step.keys[0])
-            return await _commands(client, commands)
+            if step.deadline is None:
+                return await _call(client, scripts, step)
+            return await within(_call(client, scripts, step), step.deadline)
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return await reader().wait(step.lid, step.timeout)
     if isinstance(step, Command):
         with no_client_retries():
-            return await client.execute_command(*step.args)
+            return await within(execute(client, step.args, step.deadline), step.deadline)
     await asyncio.sleep(step.seconds)
     return None
 
 
-async def _commands(client: Any, commands: Generator[Any, Any, Any], key: str = "") -> Any:
+async def _call(client: Any, scripts: Scripts, step: Call[Any]) -> Any:
+    """The commands of a script call, and its reply."""
+    due = step.deadline
+    sent = None
+    if step.confirm is None:
+        command = scripts.known(client, step.script, step.keys, step.args)
+        if command is not None:
+            try:
+                return await execute(client, command, due)
+            except ResponseError as exc:
+                sent = (command, exc)
+    commands = scripts.invoke(client, step.script, step.keys, step.args, sent)
+    if step.confirm is not None:
+        return await _commands(client, confirming(step, commands), due, step.keys[0])
+    return await _commands(client, commands, due)
+
+
+async def execute(client: Any, args: tuple[Any, ...], due: float | None) -> Any:
+    """Run one command on ``client`` and return its parsed reply; with a
+    deadline, on a connection of the client's pool (a cluster client, or a
+    single-connection one, picks its connection inside redis-py). The
+    caller bounds it (:func:`within`)."""
+    if due is None or not pooled(client):
+        return await client.execute_command(*args)
+    pool = client.connection_pool
+    conn = await _get_connection(pool)
+    try:
+        await conn.send_command(*args)
+        return await client.parse_response(conn, args[0])
+    finally:
+        # redis-py closed it if its read or write was cut short.
+        await pool.release(conn)
+
+
+async def within(work: Awaitable[T], due: float | None) -> T:
+    """Await ``work``; with a deadline ``due`` (monotonic seconds), cancel
+    it then and raise redis-py's ``TimeoutError``, a transport error the
+    flow retries within its own deadline."""
+    if due is None:
+        return await work
+    left = max(due - time.monotonic(), 0.001)
+    try:
+        async with asyncio.timeout(left):
+            return await work
+    except TimeoutError as exc:
+        raise RedisTimeoutError(f"no reply from Redis within {left:.3f}s") from exc
+
+
+async def _commands(
+    client: Any, commands: Generator[Any, Any, Any], due: float | None, key: str = ""
+) -> Any:
     """Carry out the commands of one script call (``Scripts.invoke``; a
     list of commands is a confirmed call's pipeline, see
     ``_core.replicas.confirming``, for the slot of ``key``). A cancellation passes
@@ -100,7 +152,7 @@ async def _commands(client: Any, commands: Generator[Any, Any, Any], key: str = 
                 send = _send_to_slot if is_cluster(client) else _send_pipelined
                 reply = await send(client, args, key)
             else:
-                reply = await client.execute_command(*args)
+                reply = await execute(client, args, due)
         except Exception as exc:  # handed to the flow, which decides
             error = exc
 
@@ -349,7 +401,7 @@ class Reader:
             for inbox, item in step.items:
                 inbox.put_nowait(item)
             for call in step.releases:
-                chore = self.loop.create_task(drive(Pool._single(call), self._step))
+                chore = self.loop.create_task(drive(Pool.retry_single(call), self._step))
                 self._chores.add(chore)
                 chore.add_done_callback(self._chores.discard)
             return None
@@ -407,10 +459,15 @@ class Reader:
 
 async def _get_connection(pool: Any) -> Any:
     """A connection of the client's own pool (redis-py < 5.3 wants a command name)."""
-    try:
-        return await pool.get_connection()
-    except TypeError:
-        return await pool.get_connection("BLPOP")
+    named = _NAMED.get(type(pool))
+    if named is None:
+        wants = inspect.signature(pool.get_connection).parameters.get("command_name")
+        named = _NAMED[type(pool)] = wants is not None and wants.default is wants.empty
+    return await (pool.get_connection("EVALSHA") if named else pool.get_connection())
+
+
+#: Per connection pool class: whether its get_connection wants a command name.
+_NAMED: dict[type, bool] = {}
 
 
 _REGISTRY: weakref.WeakKeyDictionary[Any, dict[tuple[int, int | None], Reader]] = (

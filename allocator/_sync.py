@@ -5,18 +5,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from ._core.keys import pool_names, pools_pattern
 from ._core.pool import Pool
+from ._core.retry import RETRY_BUDGET
 from ._core.steps import Flow, Step
 from ._scripts import scripts
-from ._sync_io import Reader, drive, reader_for, readers_of, run_step
+from ._sync_io import Reader, drive, execute, reader_for, readers_of, run_step
 from ._transport import (
     bound_client_retries,
     client_kind,
     is_cluster,
+    is_sentinel,
+    no_client_retries,
 )
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
@@ -45,8 +49,18 @@ class FairAllocator:
     only once that many replicas confirmed the write (Redis ``WAIT``, sent
     in the same round trip as the script, bounded by ``replica_timeout``
     seconds); else :class:`~allocator.NotReplicated` is raised, and an
-    acquire releases its grant first. A Sentinel-managed client
-    (``Sentinel(...).master_for(...)``) is a client like any other.
+    acquire releases its grant first.
+
+    A Sentinel-managed client (``Sentinel(...).master_for(...)``) is a client
+    like any other, except that its calls without a deadline of their own
+    (``release``, ``renew``, ``status``, ...) keep retrying for up to 45 s
+    instead of 2 s: long enough to ride out a failover with Sentinel's
+    default settings (docs/operations.md, "Sentinel").
+
+    Every call keeps its deadline against a server that stops answering: a
+    read from the socket waits no longer than what is left of the call's
+    ``timeout`` or budget (on a ``RedisCluster`` client, only the client's
+    own ``socket_timeout`` bounds a read).
     """
 
     def __init__(
@@ -67,6 +81,7 @@ class FairAllocator:
             prefix=prefix,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            sentinel=is_sentinel(client),
         )
         if client_kind(client) != "sync":
             raise TypeError(
@@ -174,7 +189,12 @@ class FairAllocator:
         be granted at once without passing anyone waiting, else None.
 
         Uncontended, this is one round trip to Redis; a waiter is woken by a
-        push to its signal list, never by polling the pool.
+        push to its signal list, never by polling the pool. With Redis
+        unreachable or hung, the call retries until ``timeout``, then leaves
+        the queue (a try of at most 0.5 s of its own) and raises
+        ``AcquireTimeout`` saying the whole time waited, the last transport
+        error as its ``__cause__``; ``blocking=False`` lets that error
+        through after 2 s.
         """
         reader = self._reader()
         flow = self._pool.acquire(
@@ -317,7 +337,9 @@ class FairAllocator:
         """Push the lease's deadline to now + ``ttl`` (default: the lease's
         own ttl) on the server clock. Returns the lease with its new
         ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
-        longer held (a lease past its deadline is never brought back)."""
+        longer held (a lease past its deadline is never brought back).
+        With Redis unreachable or hung, retries for 2 s (45 s on a
+        Sentinel-managed client), then lets the transport error through."""
         return self._drive(self._pool.renew(lease, ttl))
 
     def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
@@ -326,7 +348,10 @@ class FairAllocator:
         True if the lease was live and is now released; False if it had
         already ended (expired, revoked, or released before). ``quarantine``
         keeps the resource out of rotation for that many seconds; waiters
-        are woken and served when it ends.
+        are woken and served when it ends. With Redis unreachable or hung,
+        retries for 2 s (45 s on a Sentinel-managed client), then lets the
+        transport error through (the release may still reach the server:
+        if not, the lease ends at its deadline).
         """
         return self._drive(self._pool.release(lease, quarantine))
 
@@ -434,9 +459,17 @@ class FairAllocator:
         pattern = pools_pattern(prefix)
         if is_cluster(client):
             keys = client.scan_iter(match=pattern, count=1000, target_nodes=client.PRIMARIES)
-        else:
-            keys = client.scan_iter(match=pattern, count=1000)
-        return pool_names(keys, prefix)
+            return pool_names(keys, prefix)
+        # Each SCAN is a single call: its reply comes within the budget of one.
+        found: list[Any] = []
+        cursor = 0
+        with no_client_retries():
+            while True:
+                scan = ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+                cursor, batch = execute(client, scan, time.monotonic() + RETRY_BUDGET)
+                found.extend(batch)
+                if not cursor:
+                    return pool_names(found, prefix)
 
 
 class _Keeper:

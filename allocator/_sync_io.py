@@ -2,7 +2,17 @@
 step (a script call, a confirmed pipeline, a wait, a sleep), :func:`drive`
 runs a flow to its end, and :class:`Reader` is the reader thread of one
 client, which carries out its hub's rounds
-(:class:`~allocator._core.hub.Hub`)."""
+(:class:`~allocator._core.hub.Hub`).
+
+A step's deadline (``Call.deadline``, set by the core) bounds every socket
+read of its commands: :func:`execute` runs a command on a connection of the
+client's pool whose socket timeout is what is left until then. A connection
+whose command failed midway is closed and kept aside (a spare): the next
+command with a deadline reconnects it within that deadline, where the pool
+would reconnect it under the client's own timeouts (on a hung server, the
+handshake would wait the whole socket timeout, or for ever with redis-py
+5's default of none).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,7 @@ import inspect
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 import weakref
@@ -45,9 +56,10 @@ from ._transport import (
     is_cluster,
     keeps_presence,
     no_client_retries,
+    pooled,
 )
 
-__all__ = ["Reader", "drive", "reader_for", "run_call", "run_step"]
+__all__ = ["Reader", "drive", "execute", "reader_for", "run_call", "run_step"]
 
 _log = logging.getLogger("allocator")
 
@@ -64,13 +76,14 @@ def run_step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], Rea
     """Carry out one step of a flow; ``reader`` gives the client's reader
     for a Wait."""
     if isinstance(step, Call):
+        due = step.deadline
         with no_client_retries():
             sent = None
             if step.confirm is None:
                 command = scripts.known(client, step.script, step.keys, step.args)
                 if command is not None:
                     try:
-                        return client.execute_command(*command)
+                        return execute(client, command, due)
                     except ResponseError as exc:
                         sent = (command, exc)
             commands = scripts.invoke(client, step.script, step.keys, step.args, sent)
@@ -80,38 +93,81 @@ def run_step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], Rea
                 return drive(
                     confirming(step, commands),
                     lambda args: (
-                        send(client, args, key)
+                        send(client, args, key, due)
                         if isinstance(args, list)
-                        else client.execute_command(*args)
+                        else execute(client, args, due)
                     ),
                 )
-            return drive(commands, lambda args: client.execute_command(*args))
+            return drive(commands, lambda args: execute(client, args, due))
     if isinstance(step, Wait):
         assert reader is not None, "a Wait step needs a reader"
         return reader().wait(step.lid, step.timeout)
     if isinstance(step, Command):
         with no_client_retries():
-            return client.execute_command(*step.args)
+            return execute(client, step.args, step.deadline)
     time.sleep(step.seconds)
     return None
 
 
-def _send_pipelined(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+def execute(client: Any, args: tuple[Any, ...], due: float | None) -> Any:
+    """Run one command on ``client`` and return its parsed reply. With a
+    deadline ``due`` (monotonic seconds), its socket reads and writes, and
+    the reconnect of a spare, end by then: redis-py's ``TimeoutError`` says
+    they ran out. A cluster client, or a single-connection client, picks
+    its connection inside redis-py: there the client's own socket timeout
+    bounds each read."""
+    if due is None or not pooled(client):
+        return client.execute_command(*args)
+    pool = client.connection_pool
+    conn = _connection(pool, due)
+    try:
+        before = _limit(conn, due)
+        conn.send_command(*args)
+        reply = client.parse_response(conn, args[0])
+    except ResponseError:
+        _give_back(pool, conn, before)  # an error reply, read whole: the connection is clean
+        raise
+    except BaseException:
+        _drop(pool, conn)
+        raise
+    _give_back(pool, conn, before)
+    return reply
+
+
+def _send_pipelined(
+    client: Any, commands: list[tuple[Any, ...]], key: str, due: float | None
+) -> list[Any]:
     """A confirmed script call (``_core.replicas.confirming``): its commands in one
     pipeline on one connection; the replies, errors as values."""
-    pipe = client.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)
-    return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+    return _send_all(client.connection_pool, commands, due)
 
 
-def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+def _send_to_slot(
+    client: Any, commands: list[tuple[Any, ...]], key: str, due: float | None
+) -> list[Any]:
     """Same, on a cluster: one connection to the master of the pool's slot
     (WAIT names no key, and must follow the writes on their connection)."""
     node = client.get_node_from_key(key)
-    pool = node.redis_connection.connection_pool
-    conn = _get_connection(pool)
     try:
+        replies = _send_all(node.redis_connection.connection_pool, commands, due)
+    except (RedisConnectionError, RedisTimeoutError):
+        # The master may be gone (failed over): learn the slots again,
+        # so that the flow's next try goes to the new one.
+        with contextlib.suppress(Exception):
+            client.nodes_manager.initialize()
+        raise
+    if moved(replies):
+        client.nodes_manager.initialize()  # learn the new owner of the slot
+    return replies
+
+
+def _send_all(pool: Any, commands: list[tuple[Any, ...]], due: float | None) -> list[Any]:
+    """``commands`` in one pipeline on one connection of ``pool``, every
+    read by ``due`` (None: the client's socket timeout); the replies,
+    errors as values."""
+    conn = _connection(pool, due)
+    try:
+        before = _limit(conn, due)
         conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
         for _ in commands:
@@ -119,19 +175,100 @@ def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) -> lis
                 replies.append(conn.read_response())
             except ResponseError as exc:
                 replies.append(exc)
-    except BaseException as exc:
+    except BaseException:
+        _drop(pool, conn)
+        raise
+    _give_back(pool, conn, before)
+    return replies
+
+
+# -- connections with a deadline ------------------------------------------------
+
+#: What :func:`_limit` returns when it changed nothing.
+_UNCHANGED: Any = object()
+
+
+def _limit(conn: Any, due: float | None) -> Any:
+    """Give the socket of ``conn`` what is left until ``due`` as its
+    timeout; return the timeout it had (``_UNCHANGED``: no deadline, or no
+    real socket, as with fakeredis)."""
+    sock = getattr(conn, "_sock", None)
+    if due is None or not isinstance(sock, socket.socket):
+        return _UNCHANGED
+    before = sock.gettimeout()
+    sock.settimeout(max(due - time.monotonic(), 0.001))
+    return before
+
+
+def _give_back(pool: Any, conn: Any, before: Any) -> None:
+    """A connection whose command went through: its own timeout back, and back to the pool."""
+    if before is not _UNCHANGED:
+        sock = getattr(conn, "_sock", None)
+        if sock is not None:
+            sock.settimeout(before)
+    pool.release(conn)
+
+
+#: Connections the library dropped, per pool (see the module's docstring),
+#: each with the process it belongs to.
+_SPARES: weakref.WeakKeyDictionary[Any, list[tuple[int, Any]]] = weakref.WeakKeyDictionary()
+_SPARES_LOCK = threading.Lock()
+
+
+def _drop(pool: Any, conn: Any) -> None:
+    """A connection whose command failed midway (a reply may still come):
+    closed, and kept as a spare, out of the pool."""
+    with contextlib.suppress(Exception):
         conn.disconnect()
-        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
-            # The master may be gone (failed over): learn the slots again,
-            # so that the flow's next try goes to the new one.
-            with contextlib.suppress(Exception):
-                client.nodes_manager.initialize()
+    with _SPARES_LOCK:
+        _SPARES.setdefault(pool, []).append((os.getpid(), conn))
+
+
+def _connection(pool: Any, due: float | None) -> Any:
+    """A connected connection for a command due by ``due``: a spare,
+    reconnected by then, else one from the pool (connected by the pool, as
+    redis-py does). A spare that reconnects shows the server answers
+    again: the other spares go back to the pool."""
+    spare = _spare(pool) if _SPARES else None
+    if spare is None:
+        return _get_connection(pool)
+    saved = spare.socket_timeout, spare.socket_connect_timeout
+    if due is not None:
+        # Read when it connects: the handshake (HELLO, AUTH, CLIENT SETINFO)
+        # waits no longer than the command may.
+        spare.socket_timeout = spare.socket_connect_timeout = max(due - time.monotonic(), 0.001)
+    try:
+        spare.connect()
+    except BaseException:
+        _drop(pool, spare)
         raise
     finally:
-        pool.release(conn)
-    if moved(replies):
-        client.nodes_manager.initialize()  # learn the new owner of the slot
-    return replies
+        spare.socket_timeout, spare.socket_connect_timeout = saved
+    sock = getattr(spare, "_sock", None)
+    if isinstance(sock, socket.socket):
+        sock.settimeout(spare.socket_timeout)  # its own, as the pool's connections have
+    with _SPARES_LOCK:
+        others = _SPARES.pop(pool, [])
+    pid = os.getpid()
+    for owner, conn in others:
+        if owner == pid:
+            with contextlib.suppress(Exception):
+                pool.release(conn)
+    return spare
+
+
+def _spare(pool: Any) -> Any:
+    """A spare of ``pool`` in this process, or None (a spare of the process
+    this one was forked from is forgotten: its pool has been reset)."""
+    pid = os.getpid()
+    with _SPARES_LOCK:
+        kept = _SPARES.get(pool)
+        while kept:
+            owner, conn = kept.pop()
+            if owner == pid:
+                return conn
+        _SPARES.pop(pool, None)
+    return None
 
 
 def drive(steps: Generator[S, Any, T], run: Callable[[S], Any]) -> T:
@@ -283,7 +420,7 @@ class Reader:
             for inbox, item in step.items:
                 inbox.put(item)
             for call in step.releases:
-                drive(Pool._single(call), self._step)
+                drive(Pool.retry_single(call), self._step)
             return None
         if isinstance(step, Subscribe):
             if self.presence is not None:
@@ -440,10 +577,15 @@ _READ_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).paramet
 
 def _get_connection(pool: Any) -> Any:
     """A connection of the client's own pool (redis-py < 5.3 wants a command name)."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("BLPOP")
+    named = _NAMED.get(type(pool))
+    if named is None:
+        wants = inspect.signature(pool.get_connection).parameters.get("command_name")
+        named = _NAMED[type(pool)] = wants is not None and wants.default is wants.empty
+    return pool.get_connection("EVALSHA") if named else pool.get_connection()
+
+
+#: Per connection pool class: whether its get_connection wants a command name.
+_NAMED: dict[type, bool] = {}
 
 
 #: The longest a waiting thread blocks at once (see Reader.wait).

@@ -3,6 +3,10 @@
 - :func:`client_kind`: is it a blocking or an asyncio client? Checked when
   an allocator is made, so that a client of the wrong kind fails at once
   with a clear ``TypeError`` instead of at the first reply.
+- :func:`is_sentinel`: is it Sentinel-managed? Its single calls then retry
+  long enough to ride out a failover (``FAILOVER_BUDGET``).
+- :func:`pooled`: may the shells take its connections from its pool
+  themselves, to bound a command's reads by the call's deadline?
 - :func:`bound_client_retries` and :func:`no_client_retries`: redis-py
   (>= 6) gives each client a ``Retry`` of its own (by default 10 retries
   with backoff, run around every command *and* around every connect). Under
@@ -34,10 +38,12 @@ from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.client import Pipeline as SyncPipeline
 from redis.cluster import ClusterPipeline as SyncClusterPipeline
 from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
+from redis.sentinel import SentinelConnectionPool
 
 from ._core.liveness import HEARTBEAT
 
@@ -46,8 +52,10 @@ __all__ = [
     "client_kind",
     "heartbeat_for",
     "is_cluster",
+    "is_sentinel",
     "keeps_presence",
     "no_client_retries",
+    "pooled",
 ]
 
 _ONE_TRY: contextvars.ContextVar[bool] = contextvars.ContextVar("allocator_one_try", default=False)
@@ -242,3 +250,23 @@ def keeps_presence(client: Any) -> bool:
 def is_cluster(client: Any) -> bool:
     """A Redis Cluster client (sync or asyncio)?"""
     return hasattr(client, "nodes_manager")
+
+
+def is_sentinel(client: Any) -> bool:
+    """A Sentinel-managed client (``Sentinel(...).master_for(...)``, sync or
+    asyncio): its connections find the master through the Sentinels."""
+    pool = getattr(client, "connection_pool", None)
+    return isinstance(pool, (SentinelConnectionPool, AsyncSentinelPool))
+
+
+def pooled(client: Any) -> bool:
+    """Whether the shells may run a command on a connection they take from
+    ``client``'s pool themselves (to set its timeout): a ``redis.Redis`` or
+    its asyncio twin, Sentinel-managed ones included. Not a cluster client
+    (redis-py picks the node and follows redirections inside) nor a
+    single-connection one (it has no pool to take from)."""
+    return (
+        not is_cluster(client)
+        and getattr(client, "connection", None) is None
+        and hasattr(client, "connection_pool")
+    )

@@ -41,7 +41,7 @@ from .replies import (
     many_id,
     request_of,
 )
-from .retry import RETRY_BUDGET, Retrier
+from .retry import FAILOVER_BUDGET, MIN_TRY, RETRY_BUDGET, SIDE_BUDGET, Retrier, try_deadline
 from .steps import RECHECK, Call, Command, Flow, Sleep
 
 _log = logging.getLogger("allocator")
@@ -65,6 +65,13 @@ class PoolBase:
     min_replicas: int = 0
     #: How long a WAIT for them may block, in seconds.
     replica_timeout: float = 0.5
+    #: How long a single call (release, renew, status, ...) keeps retrying,
+    #: and the longest one try of any call may wait for its replies (None:
+    #: up to the call's deadline). A Sentinel-managed client gets a budget
+    #: that outlasts a failover, in tries no longer than a plain call, so
+    #: that a try stuck on a hung master gives way to one on the new master.
+    call_budget: float = RETRY_BUDGET
+    try_budget: float | None = None
     _policy_checked: bool = attrs.field(default=False, repr=False)
 
     @classmethod
@@ -77,7 +84,9 @@ class PoolBase:
         prefix: object,
         min_replicas: object = 0,
         replica_timeout: object = 0.5,
+        sentinel: bool = False,
     ) -> Self:
+        """``sentinel``: the client is Sentinel-managed (the shell tells)."""
         name = _text("name", name, MAX_NAME)
         prefix = _text("prefix", prefix, MAX_NAME)
         base = f"{_escape(prefix)}:{{{_escape(name)}}}"
@@ -90,6 +99,8 @@ class PoolBase:
             keys=keys,
             min_replicas=_int("min_replicas", min_replicas, 0, MAX_REPLICAS),
             replica_timeout=_seconds("replica_timeout", replica_timeout),
+            call_budget=FAILOVER_BUDGET if sentinel else RETRY_BUDGET,
+            try_budget=RETRY_BUDGET if sentinel else None,
         )
 
     # -- replicas -------------------------------------------------------------
@@ -244,15 +255,27 @@ class PoolBase:
 
     @staticmethod
     def _retrying(
-        call: Call[T], *, deadline: float | None = None, attempts: int | None = None
+        call: Call[T],
+        *,
+        deadline: float | None = None,
+        attempts: int | None = None,
+        per_try: float | None = None,
     ) -> Flow[T]:
         """Run ``call``, retrying transient errors with backoff: until
         ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
         Every script is safe to run again after a reply was lost. (A script
         the server no longer has never gets here: the shells run a call
-        that meets NOSCRIPT again at once by the script's text, EVAL.)"""
+        that meets NOSCRIPT again at once by the script's text, EVAL.)
+
+        Each try is due by the deadline (:func:`try_deadline`: no later than
+        ``per_try`` from its start, no sooner than one round trip, plus the
+        WAIT of a confirmed call), so a hung server costs a try no more
+        than what is left: its read times out, and the deadline decides."""
         retrier = None  # made on the first failure: most calls never fail
+        floor = MIN_TRY if call.confirm is None else MIN_TRY + call.confirm[1] / 1000
         while True:
+            if deadline is not None or per_try is not None:
+                call = call.until(try_deadline(deadline, per_try, floor))
             try:
                 reply = yield call
             except Exception as exc:
@@ -265,9 +288,19 @@ class PoolBase:
                 continue
             return call.parse(reply)
 
+    def _single(self, call: Call[T]) -> Flow[T]:
+        """Run a call that has no deadline of its own, within the pool's
+        single-call budget (:attr:`call_budget`)."""
+        return self.retry_single(call, self.call_budget, self.try_budget)
+
     @staticmethod
-    def _single(call: Call[T]) -> Flow[T]:
-        return (yield from PoolBase._retrying(call, deadline=time.monotonic() + RETRY_BUDGET))
+    def retry_single(
+        call: Call[T], budget: float = RETRY_BUDGET, per_try: float | None = None
+    ) -> Flow[T]:
+        """Run ``call``, retrying for ``budget`` seconds from its first try."""
+        return (
+            yield from PoolBase._retrying(call, deadline=time.monotonic() + budget, per_try=per_try)
+        )
 
     def _check_policy(self) -> Flow[None]:
         """Warn (once per allocator) if the server may evict the pool's keys.
@@ -281,7 +314,8 @@ class PoolBase:
             return
         self._policy_checked = True
         try:
-            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"))
+            due = time.monotonic() + SIDE_BUDGET
+            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"), due)
         except Exception:
             return
         # CONFIG GET answers a flat list on RESP2 and a map on RESP3.

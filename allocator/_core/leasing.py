@@ -17,7 +17,7 @@ from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
 from .liveness import HEARTBEAT, alive_ms
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
-from .retry import RETRY_BUDGET, is_transient
+from .retry import SIDE_BUDGET, is_transient
 from .steps import RECHECK, Call, Flow, Wait
 
 
@@ -96,7 +96,7 @@ class Leasing(PoolBase):
         if not blocking and deadline is None:
             # A non-blocking call never waits in line: give its retries the
             # same short budget as any single call (issue 8, item 1).
-            deadline = started + RETRY_BUDGET
+            deadline = started + self.call_budget
         mark_ms = alive_ms(cid)
         own = (*self.keys, self.signal_key(cid))
         flag = "1" if blocking else "0"
@@ -126,7 +126,9 @@ class Leasing(PoolBase):
         def attempt(call: Call[State]) -> Flow[State]:
             try:
                 if not self.min_replicas:
-                    return (yield from self._retrying(call, deadline=deadline))
+                    return (
+                        yield from self._retrying(call, deadline=deadline, per_try=self.try_budget)
+                    )
                 return (yield from self._look_confirmed(call, deadline))
             except Exception as exc:
                 if blocking and timeout is not None and is_transient(exc):
@@ -214,23 +216,30 @@ class Leasing(PoolBase):
                 state = yield from attempt(poll)
         except GeneratorExit:
             raise
-        except BaseException:
+        except BaseException as exc:
             # Giving up (timeout, cancellation, KeyboardInterrupt, an error):
-            # leave the queue, and pass on a grant that raced in. One try: if
-            # it fails, the ticket's liveness runs out and dispatch drops it.
-            # A deleted pool holds no ticket: a cancel would only make keys.
+            # leave the queue, and pass on a grant that raced in. One short
+            # try of its own (the deadline has passed): if it fails, the
+            # ticket's liveness runs out and dispatch drops it. A deleted
+            # pool holds no ticket: a cancel would only make keys.
             if deleted:
                 raise
             cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
             with contextlib.suppress(Exception):
-                yield from self._retrying(cancel, attempts=1)
+                due = time.monotonic() + SIDE_BUDGET
+                yield from self._retrying(cancel, attempts=1, deadline=due)
+            if isinstance(exc, AcquireTimeout):
+                # The caller waited for the cancel too: say the whole time.
+                raise AcquireTimeout(self.name, time.monotonic() - started) from exc.__cause__
             raise
 
     def _look_confirmed(self, call: Call[State], deadline: float | None) -> Flow[State]:
         """Run an acquire or poll call with ``min_replicas``: a grant in its
         reply counts only once confirmed, else it is released and
         :class:`NotReplicated` raised."""
-        state, replicas = yield from self._retrying(self._confirmed(call), deadline=deadline)
+        state, replicas = yield from self._retrying(
+            self._confirmed(call), deadline=deadline, per_try=self.try_budget
+        )
         if isinstance(state, Lease) and replicas < self.min_replicas:
             raise (yield from self._give_back(state, replicas))
         if isinstance(state, list) and replicas < self.min_replicas:
@@ -261,10 +270,12 @@ class Leasing(PoolBase):
         a confirmed renew of it (see :func:`confirm_commands` for why that
         covers the grant). None if the grant is no longer this waiter's."""
         renew = self._confirmed(self._renew_call(lease, _ms(lease.ttl)))
-        if deadline is None or deadline - time.monotonic() < RETRY_BUDGET:
-            deadline = time.monotonic() + RETRY_BUDGET
+        if deadline is None or deadline - time.monotonic() < self.call_budget:
+            deadline = time.monotonic() + self.call_budget
         try:
-            renewed, replicas = yield from self._retrying(renew, deadline=deadline)
+            renewed, replicas = yield from self._retrying(
+                renew, deadline=deadline, per_try=self.try_budget
+            )
         except LeaseLost:
             return None
         if replicas < self.min_replicas:

@@ -25,8 +25,30 @@ _log = logging.getLogger("allocator")
 
 #: How long a call with no deadline of its own (a single-call operation such
 #: as ``release`` or ``status``, a non-blocking ``acquire``) keeps retrying
-#: transient errors before it lets the last one through.
+#: transient errors before it lets the last one through. Every socket read
+#: of the call ends within it too, so a hung server costs no more.
 RETRY_BUDGET = 2.0
+#: The same on a Sentinel-managed client: long enough to ride out a failover
+#: with Sentinel's default settings. The master is deemed down after
+#: ``down-after-milliseconds`` (30 s by default) of silence; then the
+#: Sentinels agree on it (they ask each other every second), elect a leader
+#: (up to a second of random delay, then one vote), the leader promotes a
+#: replica and publishes its address: 31 s in all, measured on loopback
+#: (docs/operations.md, "Sentinel"). Meanwhile the call meets refused
+#: connections, the old master's READONLY, or redis-py's
+#: ``MasterNotFoundError`` (no master the Sentinels vouch for): all
+#: transient. A failover whose first election fails is tried again only
+#: after twice ``failover-timeout`` (6 min by default): no call waits that.
+FAILOVER_BUDGET = 45.0
+#: The least time one try of a call gets for its replies, however little is
+#: left of its deadline: one round trip to a distant server, so that an
+#: ``acquire(timeout=0)`` still asks once.
+MIN_TRY = 0.1
+#: The budget of a call made on the side of a flow whose own deadline may
+#: have passed: the cancel of an acquire that gave up (if it cannot be sent
+#: in time, the ticket's liveness mark runs out and the queue drops it), and
+#: the check of the server's eviction policy (advisory: skipped on failure).
+SIDE_BUDGET = 0.5
 #: Full-jitter backoff between two tries: a uniform draw in
 #: [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)] after the n-th failure.
 BACKOFF_BASE = 0.05
@@ -71,6 +93,22 @@ except ImportError:  # pragma: no cover
 #: Texts of server errors that mean the same when redis-py does not map them
 #: to one of the classes above (or wraps them in a ConnectionError).
 _PERMANENT_TEXTS = ("WRONGPASS", "NOAUTH", "NOPERM", "invalid password", "CERTIFICATE_VERIFY")
+
+
+def try_deadline(
+    deadline: float | None, per_try: float | None = None, floor: float = MIN_TRY
+) -> float | None:
+    """When one try of a call must have its replies (monotonic seconds):
+    the call's ``deadline``, no later than ``per_try`` seconds from now, and
+    no sooner than ``floor`` seconds from now. None (neither bound): the
+    client's own socket timeout alone bounds the try."""
+    if deadline is None and per_try is None:
+        return None
+    now = time.monotonic()
+    if per_try is not None:
+        deadline = now + per_try if deadline is None else min(deadline, now + per_try)
+    assert deadline is not None
+    return max(deadline, now + floor)
 
 
 def is_transient(error: BaseException) -> bool:

@@ -29,6 +29,17 @@ class Call(Generic[T]):
     #: replicas. The shells send :func:`confirm_commands` in one pipeline on
     #: one connection and hand :func:`confirmed` of the replies to ``parse``.
     confirm: tuple[int, int] | None = None
+    #: When this try's replies must all have come (``time.monotonic()``
+    #: seconds), or None: no bound but the client's own socket timeout. The
+    #: shells bound every socket read (and a reconnect) of the call by it; a
+    #: read that runs out raises redis-py's ``TimeoutError``, which the flow
+    #: retries within its deadline like any transport error. Set per try by
+    #: the flow (:meth:`PoolBase._retrying <.base.PoolBase._retrying>`).
+    deadline: float | None = None
+
+    def until(self, deadline: float | None) -> Call[T]:
+        """This call, due by ``deadline``."""
+        return Call(self.script, self.keys, self.args, self.parse, self.confirm, deadline)
 
 
 class Wait(NamedTuple):
@@ -46,9 +57,11 @@ class Sleep(NamedTuple):
 
 
 class Command(NamedTuple):
-    """Run a plain Redis command (not a script); the flow reads the reply."""
+    """Run a plain Redis command (not a script); the flow reads the reply.
+    ``deadline``: as :attr:`Call.deadline`."""
 
     args: tuple[str, ...]
+    deadline: float | None = None
 
 
 Step = Call[Any] | Wait | Sleep | Command

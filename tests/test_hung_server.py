@@ -1,0 +1,305 @@
+"""Deadlines against a hung server (issue 19, item 2).
+
+A private redis-server is stopped (SIGSTOP): it accepts connections (the
+kernel does) and never answers. Every public call of FairAllocator and
+AsyncFairAllocator must then give up within its deadline: the caller's
+timeout for ``acquire`` and ``acquire_many`` (plus the short cancel that
+leaves the queue), the single-call budget (``RETRY_BUDGET``) for the others.
+The error is the documented one: ``AcquireTimeout`` chaining the transport
+error, with the true time waited, or the transport timeout itself.
+
+Here the bound is the behaviour under test, so the tests assert on time,
+with a generous slack above each deadline (the bug took 5 to 10 s). Every
+call runs on a client of its own that was connected before the stop, twice
+in a row (the second meets the connection the first had to drop), and all
+calls run side by side (threads, or tasks on one event loop), so the wait is
+paid once. Then the server runs again (SIGCONT): the commands it finds
+buffered run late, and once the liveness window has passed, a ``gc()``
+leaves the pool whole (nobody waiting, nothing leased), and it serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from _workers import server_now
+from helpers import LoopThread, wait_until
+
+from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator
+from allocator._core.liveness import ALIVE_MS
+from allocator._core.retry import RETRY_BUDGET
+from allocator._server import RedisServer
+
+pytestmark = [pytest.mark.real_redis]
+
+#: Above each call's deadline: the cancel of an acquire that gave up, the
+#: eviction-policy check of an admin call, a loaded machine.
+SLACK = 1.5
+#: prelude.lua PICKUP_MS: a grant nobody picked up is taken back after it.
+PICKUP = 2.0
+RESOURCES = ["a", "b", "c"]
+
+#: What each call is expected to raise: AcquireTimeout, or redis-py's
+#: TimeoutError (the transport error a single call lets through).
+Expect = tuple[float, type[BaseException], Callable[[], Any]]
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as made:
+        yield made
+
+
+@contextlib.contextmanager
+def hung(server: RedisServer) -> Iterator[None]:
+    """The server stopped: it accepts connections and answers nothing."""
+    with redis.Redis.from_url(server.url) as admin:
+        pid = int(admin.info("server")["process_id"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def sync_calls(url: str, name: str, held: Any, kept: Any, made: list[Any]) -> dict[str, Expect]:
+    """Every public call, each on a client of its own (connected now); the
+    allocators go to ``made``."""
+
+    def pool(which: str = name) -> FairAllocator:
+        client = redis.Redis.from_url(url)
+        client.ping()
+        made.append(FairAllocator(client, which, lease_ttl=30))
+        return made[-1]
+
+    scratch = f"{name}-scratch"
+    p = {key: pool() for key in ("a02", "a15", "nb", "many", "rel", "ren", "st", "le", "sts", "gc")}
+    s = {key: pool(scratch) for key in ("ext", "rem", "q", "bind", "unbind", "del")}
+    lister = redis.Redis.from_url(url)
+    lister.ping()
+    return {
+        "acquire(timeout=0.2)": (0.2, AcquireTimeout, lambda: p["a02"].acquire(timeout=0.2, ttl=1)),
+        "acquire(timeout=1.5)": (1.5, AcquireTimeout, lambda: p["a15"].acquire(timeout=1.5, ttl=1)),
+        "acquire(blocking=False)": (
+            RETRY_BUDGET,
+            redis.TimeoutError,
+            lambda: p["nb"].acquire(blocking=False, ttl=1),
+        ),
+        "acquire_many(2, timeout=0.2)": (
+            0.2,
+            AcquireTimeout,
+            lambda: p["many"].acquire_many(2, timeout=0.2, ttl=1),
+        ),
+        "release": (RETRY_BUDGET, redis.TimeoutError, lambda: p["rel"].release(held)),
+        "renew": (RETRY_BUDGET, redis.TimeoutError, lambda: p["ren"].renew(kept)),
+        "status": (RETRY_BUDGET, redis.TimeoutError, p["st"].status),
+        "leases": (RETRY_BUDGET, redis.TimeoutError, p["le"].leases),
+        "stats": (RETRY_BUDGET, redis.TimeoutError, p["sts"].stats),
+        "gc": (RETRY_BUDGET, redis.TimeoutError, p["gc"].gc),
+        "extend": (RETRY_BUDGET, redis.TimeoutError, lambda: s["ext"].extend(["x"])),
+        "remove": (RETRY_BUDGET, redis.TimeoutError, lambda: s["rem"].remove(["y"])),
+        "quarantine": (RETRY_BUDGET, redis.TimeoutError, lambda: s["q"].quarantine("x", 1)),
+        "bind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["bind"].bind("n", "x")),
+        "unbind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["unbind"].unbind("n")),
+        "delete": (RETRY_BUDGET, redis.TimeoutError, s["del"].delete),
+        "pools": (RETRY_BUDGET, redis.TimeoutError, lambda: FairAllocator.pools(lister)),
+    }
+
+
+async def async_calls(
+    url: str, name: str, held: Any, kept: Any, made: list[Any]
+) -> dict[str, Expect]:
+    """Same as :func:`sync_calls`, for AsyncFairAllocator (coroutine factories)."""
+
+    async def pool(which: str = name) -> AsyncFairAllocator:
+        client = redis.asyncio.Redis.from_url(url)
+        await client.ping()
+        made.append(AsyncFairAllocator(client, which, lease_ttl=30))
+        return made[-1]
+
+    scratch = f"{name}-scratch"
+    keys = ("a02", "a15", "nb", "many", "rel", "ren", "st", "le", "sts", "gc")
+    p = {key: await pool() for key in keys}
+    s = {key: await pool(scratch) for key in ("ext", "rem", "q", "bind", "unbind", "del")}
+    lister = redis.asyncio.Redis.from_url(url)
+    await lister.ping()
+    return {
+        "acquire(timeout=0.2)": (0.2, AcquireTimeout, lambda: p["a02"].acquire(timeout=0.2, ttl=1)),
+        "acquire(timeout=1.5)": (1.5, AcquireTimeout, lambda: p["a15"].acquire(timeout=1.5, ttl=1)),
+        "acquire(blocking=False)": (
+            RETRY_BUDGET,
+            redis.TimeoutError,
+            lambda: p["nb"].acquire(blocking=False, ttl=1),
+        ),
+        "acquire_many(2, timeout=0.2)": (
+            0.2,
+            AcquireTimeout,
+            lambda: p["many"].acquire_many(2, timeout=0.2, ttl=1),
+        ),
+        "release": (RETRY_BUDGET, redis.TimeoutError, lambda: p["rel"].release(held)),
+        "renew": (RETRY_BUDGET, redis.TimeoutError, lambda: p["ren"].renew(kept)),
+        "status": (RETRY_BUDGET, redis.TimeoutError, p["st"].status),
+        "leases": (RETRY_BUDGET, redis.TimeoutError, p["le"].leases),
+        "stats": (RETRY_BUDGET, redis.TimeoutError, p["sts"].stats),
+        "gc": (RETRY_BUDGET, redis.TimeoutError, p["gc"].gc),
+        "extend": (RETRY_BUDGET, redis.TimeoutError, lambda: s["ext"].extend(["x"])),
+        "remove": (RETRY_BUDGET, redis.TimeoutError, lambda: s["rem"].remove(["y"])),
+        "quarantine": (RETRY_BUDGET, redis.TimeoutError, lambda: s["q"].quarantine("x", 1)),
+        "bind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["bind"].bind("n", "x")),
+        "unbind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["unbind"].unbind("n")),
+        "delete": (RETRY_BUDGET, redis.TimeoutError, s["del"].delete),
+        "pools": (RETRY_BUDGET, redis.TimeoutError, lambda: AsyncFairAllocator.pools(lister)),
+    }
+
+
+#: One try of one call: (seconds it took, what it raised or returned).
+Outcome = tuple[float, Any]
+
+
+def run_sync(calls: dict[str, Expect]) -> dict[str, list[Outcome]]:
+    """Each call twice in a row, all calls side by side in threads."""
+    got: dict[str, list[Outcome]] = {name: [] for name in calls}
+
+    def run(name: str, call: Callable[[], Any]) -> None:
+        for _ in range(2):
+            started = time.monotonic()
+            try:
+                result: Any = call()
+            except BaseException as exc:  # kept and judged below
+                result = exc
+            got[name].append((time.monotonic() - started, result))
+
+    threads = [
+        threading.Thread(target=run, args=(name, call), daemon=True)
+        for name, (_, _, call) in calls.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return got
+
+
+async def run_async(calls: dict[str, Expect]) -> dict[str, list[Outcome]]:
+    """Same as :func:`run_sync`, as tasks on one event loop."""
+    got: dict[str, list[Outcome]] = {name: [] for name in calls}
+
+    async def run(name: str, call: Callable[[], Any]) -> None:
+        for _ in range(2):
+            started = time.monotonic()
+            try:
+                result: Any = await call()
+            except BaseException as exc:  # kept and judged below
+                result = exc
+            got[name].append((time.monotonic() - started, result))
+
+    await asyncio.wait_for(
+        asyncio.gather(*(run(name, call) for name, (_, _, call) in calls.items())), 60
+    )
+    return got
+
+
+def judge(calls: dict[str, Expect], got: dict[str, list[Outcome]]) -> list[str]:
+    """What went wrong, one line per try (empty: every call kept its deadline)."""
+    wrong = []
+    for name, (deadline, error, _) in calls.items():
+        for number, (took, result) in enumerate(got[name], 1):
+            what = f"{name} #{number}: {took:.2f}s (deadline {deadline}s): {result!r}"
+            if len(got[name]) != 2:
+                wrong.append(f"{name}: {len(got[name])} tries ended")
+            if took > deadline + SLACK:
+                wrong.append(f"{what}: too late")
+            if not isinstance(result, error):
+                wrong.append(f"{what}: expected {error.__name__}")
+                continue
+            if isinstance(result, AcquireTimeout):
+                # The true time: what the caller waited, the cancel included.
+                if not (deadline <= result.waited <= took and took - result.waited < 0.25):
+                    wrong.append(f"{what}: waited {result.waited:.3f}s")
+                if f"{result.waited:.3f}s" not in str(result):
+                    wrong.append(f"{what}: the message does not say the time")
+                if not isinstance(result.__cause__, redis.TimeoutError):
+                    wrong.append(f"{what}: cause {result.__cause__!r}")
+    return wrong
+
+
+def setup(url: str, name: str) -> tuple[redis.Redis, FairAllocator, Any, Any]:
+    admin = redis.Redis.from_url(url)
+    pool = FairAllocator(admin, name, lease_ttl=30)
+    pool.extend(RESOURCES)
+    FairAllocator(admin, f"{name}-scratch").extend(["x", "y"])
+    held = pool.acquire(timeout=5)  # released while the server is stopped
+    kept = pool.acquire(timeout=5)  # renewed while the server is stopped
+    return admin, pool, held, kept
+
+
+def whole_again(admin: redis.Redis, pool: FairAllocator, kept: Any, resumed: float) -> None:
+    """After the stop: what the server ran late settles, and the pool is whole."""
+    # The server ran the timed-out acquires' enqueues late, after their
+    # cancels (which never got through): their tickets and any grant pushed
+    # to them end with the liveness mark the enqueue set and one pick-up
+    # check; a grant in a reply nobody read ends at its ttl (1 s here).
+    settled = resumed + ALIVE_MS / 1000 + PICKUP + 0.5
+    wait_until(lambda: server_now(admin) > settled, timeout=30, what="the liveness window")
+    pool.gc()
+    status = pool.status()
+    assert status.waiting == 0, status
+    assert {info.token for info in pool.leases()} == {kept.token}, pool.leases()
+    assert pool.release(kept)
+    status = pool.status()
+    assert (status.size, status.free, status.leased, status.waiting) == (3, 3, 0, 0), status
+    again = pool.acquire(timeout=5)
+    assert pool.release(again)
+
+
+def test_every_sync_call_keeps_its_deadline(server: RedisServer, pool_name: str) -> None:
+    admin, pool, held, kept = setup(server.url, pool_name)
+    made: list[FairAllocator] = []
+    calls = sync_calls(server.url, pool_name, held, kept, made)
+    with hung(server):
+        got = run_sync(calls)
+    resumed = server_now(admin)
+    wrong = judge(calls, got)
+    assert not wrong, "\n".join(wrong)
+    whole_again(admin, pool, kept, resumed)
+    for each in made:
+        # Its client works again (a connection dropped in the hang is
+        # connected anew), and every connection back in its pool has the
+        # client's own socket timeout, not what was left of a deadline.
+        each.stats()
+        conns = each.client.connection_pool._available_connections
+        assert conns, "the connection went back to the pool"
+        for conn in conns:
+            assert conn._sock is None or conn._sock.gettimeout() == conn.socket_timeout
+        each.client.close()
+    admin.close()
+
+
+def test_every_async_call_keeps_its_deadline(server: RedisServer, pool_name: str) -> None:
+    admin, pool, held, kept = setup(server.url, pool_name)
+    loop = LoopThread()
+    try:
+        made: list[AsyncFairAllocator] = []
+        calls = loop.run(async_calls(server.url, pool_name, held, kept, made))
+        with hung(server):
+            got = loop.run(run_async(calls), timeout=90)
+        resumed = server_now(admin)
+        wrong = judge(calls, got)
+        assert not wrong, "\n".join(wrong)
+        whole_again(admin, pool, kept, resumed)
+        for each in made:
+            loop.run(each.stats())  # its client works again
+            loop.run(each.client.aclose())
+    finally:
+        loop.close()
+    admin.close()
