@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import (
     Any,
     Literal,
@@ -22,6 +22,7 @@ from typing import (
 
 from ._async_io import Reader, drive, execute, reader_for, readers_of, run_step, within
 from ._core.keys import pool_names, pools_pattern
+from ._core.liveness import presence_budget
 from ._core.pool import Pool
 from ._core.retry import RETRY_BUDGET
 from ._core.steps import Flow, Step
@@ -41,6 +42,7 @@ __all__ = ["AsyncFairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 class AsyncFairAllocator:
@@ -117,6 +119,17 @@ class AsyncFairAllocator:
     def _reader(self) -> Reader:
         return reader_for(self._client, self._pool)
 
+    async def _waiting(
+        self, reader: Reader, make: Callable[[str, float], A], timeout: float | None
+    ) -> A:
+        """Same as the sync shell's ``_waiting``, awaitable."""
+        started = time.monotonic()
+        flow = make(reader.known_cid(self._pool), started)
+        if not reader.joined(self._pool):
+            await reader.join(self._pool, presence_budget(timeout))
+            flow = make(reader.known_cid(self._pool), started)
+        return flow
+
     async def _drive_waiting(self, reader: Reader, lid: str, steps: Flow[T]) -> T:
         """Same as the sync shell's, awaitable."""
         reader.register(self._pool, lid)
@@ -161,8 +174,13 @@ class AsyncFairAllocator:
         """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
         Cancelling the task leaves the queue."""
         reader = self._reader()
-        cid = await reader.cid_for(self._pool)
-        flow = self._pool.acquire(timeout, ttl, bind, blocking, cid=cid, owner=owner)
+        flow = await self._waiting(
+            reader,
+            lambda cid, t0: self._pool.acquire(
+                timeout, ttl, bind, blocking, cid=cid, owner=owner, started=t0
+            ),
+            timeout,
+        )
         return await self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.asynccontextmanager
@@ -228,8 +246,13 @@ class AsyncFairAllocator:
         <allocator.FairAllocator.acquire_many>`, awaitable. Cancelling the
         task leaves the queue."""
         reader = self._reader()
-        cid = await reader.cid_for(self._pool)
-        flow = self._pool.acquire_many(count, timeout, ttl, blocking, cid=cid, owner=owner)
+        flow = await self._waiting(
+            reader,
+            lambda cid, t0: self._pool.acquire_many(
+                count, timeout, ttl, blocking, cid=cid, owner=owner, started=t0
+            ),
+            timeout,
+        )
         return await self._drive_waiting(reader, flow.lid, flow.steps)
 
     @contextlib.asynccontextmanager

@@ -239,11 +239,12 @@ class Presence:
         self._sharded = True
         self._lock = asyncio.Lock()
 
-    async def join(self, channel: str) -> bool | None:
+    async def join(self, channel: str, budget: float) -> bool | None:
         async with self._lock:
             try:
                 with no_client_retries():
-                    await self._subscribe([channel])
+                    async with asyncio.timeout(budget):
+                        await self._subscribe([channel], budget)
             except Exception as exc:
                 await self._close()
                 if is_transient(exc):
@@ -262,7 +263,8 @@ class Presence:
         async with self._lock:
             await self._close()
             with no_client_retries():
-                await self._subscribe(channels)
+                async with asyncio.timeout(RETRY_BUDGET):
+                    await self._subscribe(channels, RETRY_BUDGET)
 
     async def close(self) -> None:
         async with self._lock:
@@ -274,13 +276,13 @@ class Presence:
             with contextlib.suppress(Exception):
                 await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
 
-    async def _subscribe(self, channels: list[str]) -> None:
+    async def _subscribe(self, channels: list[str], budget: float) -> None:
         if self._pubsub is None:
             self._pubsub = self._client.pubsub()
         if self._sharded:
             try:
                 await self._pubsub.ssubscribe(*channels)
-                await self._confirm(len(channels))
+                await self._confirm(len(channels), budget)
                 return
             except ResponseError as exc:
                 if "unknown command" not in str(exc).lower():
@@ -289,11 +291,11 @@ class Presence:
                 await self._close()
                 self._pubsub = self._client.pubsub()
         await self._pubsub.subscribe(*channels)
-        await self._confirm(len(channels))
+        await self._confirm(len(channels), budget)
 
-    async def _confirm(self, count: int) -> None:
+    async def _confirm(self, count: int, budget: float) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + RETRY_BUDGET
+        deadline = loop.time() + budget
         while count > 0:
             left = deadline - loop.time()
             if left <= 0:
@@ -325,14 +327,25 @@ class Reader:
     def cid(self) -> str:
         return self.hub.cid
 
-    async def cid_for(self, pool: Pool) -> str:
+    async def cid_for(self, pool: Pool, budget: float = RETRY_BUDGET) -> str:
         """Same as the sync reader's, awaitable."""
-        if not self.hub.presence_decided(pool):
-            channel = pool.presence_channel(self.hub.present_cid)
-            kept = False if self.presence is None else await self.presence.join(channel)
-            if kept is not None:  # None: the server was out of reach; next time
-                self.hub.decide_presence(pool, kept)
+        await self.join(pool, budget)
+        return self.known_cid(pool)
+
+    def known_cid(self, pool: Pool) -> str:
         return self.hub.cid_for(pool)
+
+    def joined(self, pool: Pool) -> bool:
+        return self.hub.presence_decided(pool)
+
+    async def join(self, pool: Pool, budget: float) -> None:
+        """Same as the sync reader's, awaitable."""
+        if self.joined(pool):
+            return
+        channel = pool.presence_channel(self.hub.present_cid)
+        kept = False if self.presence is None else await self.presence.join(channel, budget)
+        if kept is not None:  # None: the server was out of reach; next time
+            self.hub.decide_presence(pool, kept)
 
     def register(self, pool: Pool, lid: str) -> None:
         self.hub.register(pool, lid, asyncio.Queue())
@@ -435,11 +448,20 @@ class Reader:
         commands = round_commands(acks, keys, block)
         await conn.send_packed_command(conn.pack_commands(commands))
         replies = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response(timeout=block + READ_SLACK))
-            except ResponseError as exc:
-                replies.append(exc)
+        # One bound for the round's replies: redis-py's asyncio
+        # read_response(timeout=...) answers None when it runs out and leaves
+        # the reply to come on the connection, so that later rounds would
+        # read the replies of earlier ones. A round cut short here raises,
+        # and the reader drops its connection.
+        try:
+            async with asyncio.timeout(block + READ_SLACK):
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response())
+                    except ResponseError as exc:
+                        replies.append(exc)
+        except TimeoutError:
+            raise RedisTimeoutError("no reply from the server to the reader's round") from None
         return round_replies(commands, replies)
 
     async def _drop_connection(self) -> None:

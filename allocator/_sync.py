@@ -6,10 +6,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from ._core.keys import pool_names, pools_pattern
+from ._core.liveness import presence_budget
 from ._core.pool import Pool
 from ._core.retry import RETRY_BUDGET
 from ._core.steps import Flow, Step
@@ -31,6 +32,7 @@ _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
 S = TypeVar("S")
+A = TypeVar("A")
 
 
 class FairAllocator:
@@ -135,6 +137,18 @@ class FairAllocator:
     def _reader(self) -> Reader:
         return reader_for(self._client, self._pool)
 
+    def _waiting(self, reader: Reader, make: Callable[[str, float], A], timeout: float | None) -> A:
+        """An acquire's flow, made by ``make`` from the client's id (its
+        arguments are checked there, before any I/O); on the client's first
+        wait in the pool its presence is set up, and the flow made again
+        with the id that goes with it."""
+        started = time.monotonic()
+        flow = make(reader.known_cid(self._pool), started)
+        if not reader.joined(self._pool):
+            reader.join(self._pool, presence_budget(timeout))
+            flow = make(reader.known_cid(self._pool), started)
+        return flow
+
     def _drive_waiting(self, reader: Reader, lid: str, steps: Flow[T]) -> T:
         """Drive an acquire's flow with its waiter ``lid`` known to the
         reader (messages for it are routed to it) until the flow ends."""
@@ -197,8 +211,12 @@ class FairAllocator:
         through after 2 s.
         """
         reader = self._reader()
-        flow = self._pool.acquire(
-            timeout, ttl, bind, blocking, cid=reader.cid_for(self._pool), owner=owner
+        flow = self._waiting(
+            reader,
+            lambda cid, t0: self._pool.acquire(
+                timeout, ttl, bind, blocking, cid=cid, owner=owner, started=t0
+            ),
+            timeout,
         )
         return self._drive_waiting(reader, flow.lid, flow.steps)
 
@@ -284,8 +302,12 @@ class FairAllocator:
         ``ValueError``.
         """
         reader = self._reader()
-        flow = self._pool.acquire_many(
-            count, timeout, ttl, blocking, cid=reader.cid_for(self._pool), owner=owner
+        flow = self._waiting(
+            reader,
+            lambda cid, t0: self._pool.acquire_many(
+                count, timeout, ttl, blocking, cid=cid, owner=owner, started=t0
+            ),
+            timeout,
         )
         return self._drive_waiting(reader, flow.lid, flow.steps)
 

@@ -313,20 +313,33 @@ class Reader:
     def cid(self) -> str:
         return self.hub.cid
 
-    def cid_for(self, pool: Pool) -> str:
-        """The client's id in ``pool``. Before its first wait there, its
-        presence in the pool is set up (one round trip, once per pool and
-        process): a subscription to the pool's presence channel."""
-        with self._lock:
-            decided = self.hub.presence_decided(pool)
-        if not decided:
-            channel = pool.presence_channel(self.hub.present_cid)
-            kept = False if self.presence is None else self.presence.join(channel)
-            if kept is not None:  # None: the server was out of reach; next time
-                with self._lock:
-                    self.hub.decide_presence(pool, kept)
+    def cid_for(self, pool: Pool, budget: float = RETRY_BUDGET) -> str:
+        """The client's id in ``pool``, its presence there set up first if
+        it is not yet (:meth:`join`)."""
+        self.join(pool, budget)
+        return self.known_cid(pool)
+
+    def known_cid(self, pool: Pool) -> str:
+        """The client's id in ``pool`` as things stand (no I/O)."""
         with self._lock:
             return self.hub.cid_for(pool)
+
+    def joined(self, pool: Pool) -> bool:
+        """Whether the client's presence in ``pool`` is decided (no I/O)."""
+        with self._lock:
+            return self.hub.presence_decided(pool)
+
+    def join(self, pool: Pool, budget: float) -> None:
+        """Before the client's first wait in ``pool``: set up its presence
+        there (one round trip, once per pool and process, within ``budget``
+        seconds), a subscription to the pool's presence channel."""
+        if self.joined(pool):
+            return
+        channel = pool.presence_channel(self.hub.present_cid)
+        kept = False if self.presence is None else self.presence.join(channel, budget)
+        if kept is not None:  # None: the server was out of reach; next time
+            with self._lock:
+                self.hub.decide_presence(pool, kept)
 
     def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
@@ -500,15 +513,16 @@ class Presence:
         self._sharded = True
         self._lock = threading.Lock()
 
-    def join(self, channel: str) -> bool | None:
-        """Subscribe to ``channel`` as well; False (said in the log) if this
-        client cannot keep a presence there (an ACL without the channel),
-        None if the server could not be reached (the caller waits without a
-        presence this time and tries again at its next wait)."""
+    def join(self, channel: str, budget: float) -> bool | None:
+        """Subscribe to ``channel`` as well, within ``budget`` seconds;
+        False (said in the log) if this client cannot keep a presence there
+        (an ACL without the channel), None if the server could not be
+        reached in time (the caller waits without a presence this time and
+        tries again at its next wait)."""
         with self._lock:
             try:
                 with no_client_retries():
-                    self._subscribe([channel])
+                    self._subscribe([channel], budget)
             except Exception as exc:
                 self._close()
                 if is_transient(exc):
@@ -529,7 +543,7 @@ class Presence:
         with self._lock:
             self._close()
             with no_client_retries():
-                self._subscribe(channels)
+                self._subscribe(channels, RETRY_BUDGET)
 
     def close(self) -> None:
         with self._lock:
@@ -541,26 +555,42 @@ class Presence:
             with contextlib.suppress(Exception):
                 pubsub.close()
 
-    def _subscribe(self, channels: list[str]) -> None:
+    def _subscribe(self, channels: list[str], budget: float) -> None:
+        deadline = time.monotonic() + budget
         if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
+            self._pubsub = self._new_pubsub(budget)
         if self._sharded:
             try:
                 self._pubsub.ssubscribe(*channels)
-                self._confirm(len(channels))
+                self._confirm(len(channels), deadline)
                 return
             except ResponseError as exc:
                 if "unknown command" not in str(exc).lower():
                     raise
                 self._sharded = False  # Redis 6.2: plain channels
                 self._close()
-                self._pubsub = self._client.pubsub()
+                self._pubsub = self._new_pubsub(budget)
         self._pubsub.subscribe(*channels)
-        self._confirm(len(channels))
+        self._confirm(len(channels), deadline)
 
-    def _confirm(self, count: int) -> None:
-        """Read the server's confirmations (a refusal is raised here)."""
-        deadline = time.monotonic() + RETRY_BUDGET
+    def _new_pubsub(self, budget: float) -> Any:
+        """A PubSub on a connection of its own (not the pool's: nothing is
+        read from it but confirmations), whose connect and reads are bounded
+        by ``budget``: a hung server costs a waiter no more than that."""
+        pubsub = self._client.pubsub()
+        pool = self._client.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
+        conn.socket_timeout = conn.socket_connect_timeout = budget
+        # Connected here, once: through the PubSub, a timed-out handshake
+        # would be tried again (redis-py reconnects), doubling the time.
+        conn.connect()
+        conn.register_connect_callback(pubsub.on_connect)
+        pubsub.connection = conn
+        return pubsub
+
+    def _confirm(self, count: int, deadline: float) -> None:
+        """Read the server's confirmations (a refusal is raised here) until
+        ``deadline`` (monotonic)."""
         while count > 0:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import itertools
 import os
 import signal
@@ -249,7 +250,9 @@ def test_a_server_stall_longer_than_the_socket_timeout_strands_no_grant(
         time.sleep(3.1)
     finally:
         os.kill(server_pid, signal.SIGCONT)
-    assert released.join(30) is True
+    # The release gives up at its 2 s budget; the server runs it on waking.
+    with contextlib.suppress(redis.TimeoutError):
+        assert released.join(30) is True
     got = waiter.join(30)
     assert got.resource == "r"
     assert waiting.release(got) is True

@@ -37,10 +37,14 @@ class Leasing(PoolBase):
         *,
         cid: str,
         owner: object = None,
+        started: float | None = None,
     ) -> Acquire:
         """Check the arguments and build an acquire: its steps, and the lease
         id under which the client's reader routes messages to it. ``cid`` is
-        the client id of the reader (:class:`Hub`) that serves it."""
+        the client id of the reader (:class:`Hub`) that serves it;
+        ``started`` (monotonic seconds) when the caller's wait began, if
+        before the flow's first step (the time the shell spent setting up
+        the client's presence counts against the timeout)."""
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
         wait = _timeout(timeout)
@@ -48,7 +52,7 @@ class Leasing(PoolBase):
         bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
         holder = _owner(owner)
         lid = secrets.token_urlsafe(16)
-        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder, None)
+        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder, None, started)
         # One flow for both kinds; a single acquire only ever returns one
         # lease (no wrapper generator: every level of `yield from` costs
         # each step of the hot path).
@@ -63,6 +67,7 @@ class Leasing(PoolBase):
         *,
         cid: str,
         owner: object = None,
+        started: float | None = None,
     ) -> AcquireMany:
         """Same as :meth:`acquire`, for ``count`` resources at once, all or
         nothing: one request in the same queue, granted at the head when
@@ -74,7 +79,7 @@ class Leasing(PoolBase):
         ttl_ms = self._ttl_ms(ttl)
         holder = _owner(owner)
         lid = secrets.token_urlsafe(16)
-        steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, holder, number)
+        steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, holder, number, started)
         return AcquireMany(lid=lid, count=number, steps=cast("Flow[list[Lease] | None]", steps))
 
     def _acquire(
@@ -87,11 +92,12 @@ class Leasing(PoolBase):
         blocking: bool,
         owner: str,
         count: int | None,
+        started: float | None = None,
     ) -> Flow[Lease | list[Lease] | None]:
         """The one waiting flow, of ``acquire`` (``count`` None) and of
         ``acquire_many`` (the leases of ``count`` resources: it returns once
         it has all of them, from one reply or from ``count`` pushes)."""
-        started = time.monotonic()
+        started = time.monotonic() if started is None else started
         deadline = None if timeout is None else started + timeout
         if not blocking and deadline is None:
             # A non-blocking call never waits in line: give its retries the

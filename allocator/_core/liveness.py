@@ -17,6 +17,8 @@ out :data:`ALIVE` after its last heartbeat, as in 0.2."""
 
 from __future__ import annotations
 
+from .retry import RETRY_BUDGET
+
 #: Longest a client's reader blocks on its signal list before it refreshes
 #: the client's liveness mark (a poll that also serves the queue). Kept well
 #: under redis-py's default socket timeout (5 s), so that a blocking read
@@ -45,6 +47,13 @@ PRESENT = "p."
 ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
 #: The same for a client that keeps a presence.
 ALIVE_PRESENT_MS = round((ALIVE_PRESENT + HEARTBEAT) * 1000)
+
+
+def presence_budget(timeout: float | None) -> float:
+    """How long an acquire may spend setting up its client's presence in a
+    pool (its first wait there): the single-call budget, or the acquire's
+    own (checked) timeout if that is shorter."""
+    return RETRY_BUDGET if timeout is None else max(min(timeout, RETRY_BUDGET), 0.05)
 
 
 def alive_ms(cid: str) -> int:
