@@ -338,10 +338,15 @@ def fault_worker(
 
 
 def _traced(target: Any, *args: Any, **kwargs: Any) -> None:
-    """Run a worker with SIGUSR1 set to print every thread's stack."""
+    """Run a worker with SIGUSR1 set to print every thread's stack, and
+    SIGINT raising KeyboardInterrupt as in a program started from a shell.
+    (Deep in a full run, workers were seen to start with SIGINT ignored, as
+    Python leaves it when its parent had it ignored at exec: a SIGINT test's
+    worker then never saw the signal.)"""
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     target(*args, **kwargs)
 
 
