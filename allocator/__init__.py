@@ -11,7 +11,14 @@ from ._core.keys import acl_key_pattern
 from ._scripts import load_functions, load_functions_async
 from ._sync import FairAllocator
 from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
-from .errors import AcquireTimeout, AllocatorError, LeaseLost, NotReplicated, UnknownResource
+from .errors import (
+    AcquireTimeout,
+    AllocatorError,
+    CorruptPool,
+    LeaseLost,
+    NotReplicated,
+    UnknownResource,
+)
 
 __version__ = "0.1.0"
 
@@ -19,6 +26,7 @@ __all__ = [
     "AcquireTimeout",
     "AllocatorError",
     "AsyncFairAllocator",
+    "CorruptPool",
     "FairAllocator",
     "GCReport",
     "Lease",

@@ -10,7 +10,14 @@ unwrapped, after the library's own bounded retries.
 
 from __future__ import annotations
 
-__all__ = ["AcquireTimeout", "AllocatorError", "LeaseLost", "NotReplicated", "UnknownResource"]
+__all__ = [
+    "AcquireTimeout",
+    "AllocatorError",
+    "CorruptPool",
+    "LeaseLost",
+    "NotReplicated",
+    "UnknownResource",
+]
 
 
 class AllocatorError(Exception):
@@ -79,3 +86,17 @@ class NotReplicated(AllocatorError):
         self.replicas = replicas
         self.wanted = wanted
         self.operation = operation
+
+
+class CorruptPool(AllocatorError):
+    """A record of the pool is damaged (written by hand or by a bug: no
+    script writes one) and the server refused to go on with it (its
+    ``ALLOCATOR-CORRUPT`` error, lua/README.md "Trust"). ``key`` is the
+    damaged key, ``detail`` what is wrong; ``gc()`` repairs what it can
+    (the message says when it does). Nothing was changed by the call."""
+
+    def __init__(self, pool: str, key: str, detail: str) -> None:
+        super().__init__(f"pool {pool!r}: {key}: {detail}")
+        self.pool = pool
+        self.key = key
+        self.detail = detail

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+import redis
 from helpers import Background, wait_until
 
 from allocator import (
@@ -344,3 +345,24 @@ def test_status_and_leases_read_a_large_pool_in_pages(
     assert len(infos) == 25
     assert sorted(i.token for i in infos) == sorted(lease.token for lease in held)
     assert {i.owner for i in infos} == {f"o{i}" for i in range(25)}
+
+
+def test_a_damaged_record_is_one_clear_error_naming_the_pool_and_key(pool: Any, raw: Any) -> None:
+    """Issue 19, item 4: corrupt pool data gave raw errors ("not enough
+    values to unpack", a Lua "attempt to compare number with nil"); the
+    scripts refuse it (ALLOCATOR-CORRUPT) and the library raises one
+    CorruptPool naming the pool and the key; gc mends it."""
+    from allocator import CorruptPool
+
+    if not isinstance(raw, redis.Redis) or "fake" in type(raw).__module__:
+        pytest.skip("a real server's scripts")
+    pool.extend(["a", "b"])
+    res = next(k for k in keys_of(raw, pool) if k.endswith(":res"))
+    record = raw.hget(res, "a")
+    raw.hset(res, "a", "zz" + record[record.index("|") :])  # its capacity damaged
+    with pytest.raises(CorruptPool) as caught:
+        pool.status()
+    assert caught.value.pool == pool.name and caught.value.key == res
+    assert "resource 'a'" in str(caught.value)
+    assert pool.gc().repaired >= 1
+    assert {r.name for r in pool.status().resources} == {"a", "b"}

@@ -40,6 +40,7 @@ from .replies import (
     _unexpected,
     many_id,
     request_of,
+    server_refusal,
 )
 from .retry import FAILOVER_BUDGET, MIN_TRY, RETRY_BUDGET, SIDE_BUDGET, Retrier, try_deadline
 from .steps import RECHECK, Call, Command, Flow, Sleep
@@ -283,6 +284,9 @@ class PoolBase:
                     retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
                 delay = retrier.next_delay(exc)
                 if delay is None:
+                    refused = server_refusal(exc)
+                    if refused is not None:
+                        raise refused from exc
                     raise
                 yield Sleep(delay)
                 continue

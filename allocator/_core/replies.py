@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from .._values import Lease, PoolStats
-from ..errors import AllocatorError
+from ..errors import AllocatorError, CorruptPool
 
 
 def _decode(value: Any) -> str:
@@ -26,6 +28,37 @@ def _stream_id(text: str) -> tuple[int, int]:
         return int(first), int(second)
     except ValueError:
         return -1, -1
+
+
+def server_refusal(error: BaseException) -> AllocatorError | None:
+    """The library's error for a script's refusal (lua/README.md, "Trust"):
+    ``ALLOCATOR-CORRUPT <key>: <what>`` is a :class:`CorruptPool` naming the
+    pool and the key; ``ALLOCATOR-ARG <op>: ...``, an argument the Python
+    checks let through and the server refused, is a bug (or Lua and Python
+    out of step), an :class:`AllocatorError` saying so. None for any other
+    error."""
+    if not isinstance(error, ResponseError):
+        return None
+    text = str(error)
+    if text.startswith("ALLOCATOR-CORRUPT "):
+        key, _, detail = text[len("ALLOCATOR-CORRUPT ") :].partition(": ")
+        return CorruptPool(pool_of_key(key), key, detail)
+    if text.startswith("ALLOCATOR-ARG "):
+        return AllocatorError(
+            f"the server refused an argument ({text[len('ALLOCATOR-ARG ') :]}): "
+            "Lua and Python out of step?"
+        )
+    return None
+
+
+def pool_of_key(key: str) -> str:
+    """The pool name in one of its keys (``<prefix>:{<name>}:<suffix>``),
+    unescaped as the keys escape it; the key itself if it has no tag."""
+    start, end = key.find("{"), key.rfind("}:")
+    if start < 0 or end < start:
+        return key
+    name = key[start + 1 : end]
+    return name.replace("%7B", "{").replace("%7D", "}").replace("%25", "%")
 
 
 def _tagged(op: str, reply: Any) -> tuple[str, list[Any]]:
