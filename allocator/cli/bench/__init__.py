@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -49,7 +48,7 @@ import attrs
 import redis
 
 import allocator
-from allocator.cli._common import CommandError, describe, safe_url
+from allocator.cli._common import CommandError, describe, positive_float, safe_url
 from allocator.cli.bench.scenarios import Bench, BenchError
 from allocator.cli.bench.stats import format_table
 
@@ -172,7 +171,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window",
         metavar="SECONDS",
-        type=_positive_float,
+        type=positive_float,
         help="measuring window of each contended run (default 3 quick, 8 full)",
     )
     methods = multiprocessing.get_all_start_methods()
@@ -192,16 +191,6 @@ def _scenario_list(text: str) -> tuple[str, ...]:
             f"unknown scenario {', '.join(unknown) or '(none)'}; choose from {', '.join(SCENARIOS)}"
         )
     return names
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
