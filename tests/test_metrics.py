@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -255,6 +257,49 @@ def test_metrics_command_with_the_server_down_says_so_once_then_stops_on_sigterm
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("allocator metrics: cannot read the list of pools under prefix")
+
+
+def test_metrics_command_ends_on_sigterm_during_a_scrape(prefix: str) -> None:
+    """SIGTERM while a scrape waits on Redis ends the exporter at once, with
+    exit 0 and no traceback. Before, wsgiref caught the Terminated (it
+    catches everything a request raises), logged it as a traceback, answered
+    500 and went on serving: the SIGTERM was lost. That also happened when
+    the SIGTERM came just after a reply was written, on a loaded machine."""
+    if find_redis_server() is None:
+        pytest.skip("no redis-server on PATH")
+    port = free_port()
+    with RedisServer() as server:
+        FairAllocator(redis.Redis.from_url(server.url), "web", prefix=prefix).extend(["p1"])
+        with subprocess.Popen(
+            [*allocator_command(), "metrics", "web", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "REDIS_URL": server.url, "ALLOCATOR_PREFIX": prefix},
+        ) as proc:
+            try:
+                assert proc.stderr is not None
+                assert "serving http://" in proc.stderr.readline()
+                server.stop()
+                # In its place, a server that takes connections and never
+                # answers: the next scrape waits on it.
+                with (
+                    socket.create_server(("127.0.0.1", server.port)) as silent,
+                    socket.create_connection(("127.0.0.1", port), timeout=30) as scraper,
+                ):
+                    scraper.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                    silent.settimeout(30)
+                    waiting, _ = silent.accept()
+                    with waiting:
+                        assert waiting.recv(4096)  # the exporter is inside the scrape
+                        proc.send_signal(signal.SIGTERM)
+                        _, err = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
 
 
 def test_metrics_command_per_resource_limit(redis_url: str, prefix: str) -> None:

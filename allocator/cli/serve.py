@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from typing import IO, Any, cast
+from wsgiref.handlers import SimpleHandler
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -67,9 +68,50 @@ def _limit(text: str) -> int:
     return value
 
 
-class _Quiet(WSGIRequestHandler):
+class _Handler(ServerHandler):
+    """wsgiref's handler of one request, except that what is not an error
+    (:class:`Terminated` from SIGTERM, KeyboardInterrupt from Ctrl-C) ends
+    the serving. wsgiref's ``run()`` catches everything with a bare
+    ``except`` and hands it to ``handle_error``, which logs a traceback and
+    answers 500: a SIGTERM that came during a scrape, or while its reply
+    was being written, was lost, and the exporter served on."""
+
+    def handle_error(self) -> None:
+        error = sys.exc_info()[1]
+        if error is not None and not isinstance(error, Exception):
+            raise error
+        super().handle_error()
+
+    def close(self) -> None:
+        # Without ServerHandler's access log, which also fails (AttributeError)
+        # on a request ended before it had a status, and would take the place
+        # of the Terminated being raised.
+        SimpleHandler.close(self)
+
+
+class _RequestHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def handle(self) -> None:
+        # WSGIRequestHandler.handle (the same in Python 3.11 to 3.13), with
+        # _Handler in place of ServerHandler, which it does not let us choose.
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = ""
+            self.request_version = ""
+            self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():
+            return
+        stdout = cast("IO[bytes]", self.wfile)
+        handler = _Handler(
+            self.rfile, stdout, self.get_stderr(), self.get_environ(), multithread=False
+        )
+        app = cast(WSGIServer, self.server).get_app()
+        assert app is not None  # make_server gave it
+        handler.run(app)
 
 
 def make_metrics_server(
@@ -95,7 +137,7 @@ def make_metrics_server(
     registry.register(collector)
     app = make_wsgi_app(registry)
     try:
-        return make_server(host, port, app, handler_class=_Quiet)
+        return make_server(host, port, app, handler_class=_RequestHandler)
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
