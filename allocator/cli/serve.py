@@ -22,6 +22,7 @@ from ._common import (
     log_to_stderr,
     port,
     sigterm_ends,
+    whole,
 )
 
 __all__ = ["make_metrics_server", "register"]
@@ -58,14 +59,7 @@ def register(commands: Any) -> None:
     metrics.set_defaults(run=_metrics)
 
 
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
+_limit = whole(0)
 
 
 class _Handler(ServerHandler):
