@@ -31,7 +31,7 @@ from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_rep
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
-from ._core.retry import RETRY_BUDGET, is_transient
+from ._core.retry import RETRY_BUDGET
 from ._core.steps import (
     Beat,
     Call,
@@ -44,6 +44,7 @@ from ._core.steps import (
     Subscribe,
     Wait,
 )
+from ._presence import AsyncPresence
 from ._scripts import Scripts, scripts
 from ._transport import (
     heartbeat_for,
@@ -229,82 +230,6 @@ def _cancelling(task: asyncio.Task[Any] | None) -> int:
     return int(counter()) if counter is not None else 0
 
 
-class Presence:
-    """Same as the sync shell's presence (:class:`allocator._sync_io.Presence`),
-    awaitable."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self._pubsub: Any = None
-        self._sharded = True
-        self._lock = asyncio.Lock()
-
-    async def join(self, channel: str, budget: float) -> bool | None:
-        async with self._lock:
-            try:
-                with no_client_retries():
-                    async with asyncio.timeout(budget):
-                        await self._subscribe([channel], budget)
-            except Exception as exc:
-                await self._close()
-                if is_transient(exc):
-                    _log.debug("allocator: presence on %s not set up yet: %r", channel, exc)
-                    return None
-                _log.warning(
-                    "allocator: no presence on %s (%r): the client's waiters there are "
-                    "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
-                    channel,
-                    exc,
-                )
-                return False
-            return True
-
-    async def renew(self, channels: list[str]) -> None:
-        async with self._lock:
-            await self._close()
-            with no_client_retries():
-                async with asyncio.timeout(RETRY_BUDGET):
-                    await self._subscribe(channels, RETRY_BUDGET)
-
-    async def close(self) -> None:
-        async with self._lock:
-            await self._close()
-
-    async def _close(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
-
-    async def _subscribe(self, channels: list[str], budget: float) -> None:
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
-        if self._sharded:
-            try:
-                await self._pubsub.ssubscribe(*channels)
-                await self._confirm(len(channels), budget)
-                return
-            except ResponseError as exc:
-                if "unknown command" not in str(exc).lower():
-                    raise
-                self._sharded = False
-                await self._close()
-                self._pubsub = self._client.pubsub()
-        await self._pubsub.subscribe(*channels)
-        await self._confirm(len(channels), budget)
-
-    async def _confirm(self, count: int, budget: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
-        while count > 0:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise RedisTimeoutError("no confirmation of the presence subscription")
-            message = await self._pubsub.get_message(timeout=left)
-            if message and message.get("type") in ("subscribe", "ssubscribe", b"subscribe"):
-                count -= 1
-
-
 class Reader:
     """Same as the sync shell's reader, as a task: the one blocking reader of
     an asyncio Redis client in one event loop (of a cluster client: per hash
@@ -321,7 +246,7 @@ class Reader:
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._conn: Any = None
-        self.presence = Presence(client) if keeps_presence(client) else None
+        self.presence = AsyncPresence(client) if keeps_presence(client) else None
 
     @property
     def cid(self) -> str:

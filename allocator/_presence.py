@@ -1,0 +1,202 @@
+"""A client's presence (CONTRACT.md section 11): the connection, one per
+reader, that a process keeps subscribed to a channel per pool it waits in,
+so that the server tells its death (the kernel closes its sockets) from a
+stall. The scripts count the channel's subscribers; the decisions (which
+id, when to subscribe again) are the hub's (allocator/_core/hub.py). Sync
+and asyncio, as the shells use them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._core.retry import RETRY_BUDGET, is_transient
+from ._transport import no_client_retries
+
+__all__ = ["AsyncPresence", "Presence"]
+
+_log = logging.getLogger("allocator")
+
+
+class Presence:
+    """The presence of one reader's client in this process (CONTRACT.md
+    section 11): one connection, subscribed to the presence channel of each
+    pool the client waits in (sharded channels where the server has them:
+    SSUBSCRIBE on Redis >= 7 and Valkey, SUBSCRIBE on 6.2). Nothing is ever
+    published there; the scripts count its subscribers, and the server
+    drops it the moment this process dies."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._pubsub: Any = None
+        self._sharded = True
+        self._lock = threading.Lock()
+
+    def join(self, channel: str, budget: float) -> bool | None:
+        """Subscribe to ``channel`` as well, within ``budget`` seconds;
+        False (said in the log) if this client cannot keep a presence there
+        (an ACL without the channel), None if the server could not be
+        reached in time (the caller waits without a presence this time and
+        tries again at its next wait)."""
+        with self._lock:
+            try:
+                with no_client_retries():
+                    self._subscribe([channel], budget)
+            except Exception as exc:
+                self._close()
+                if is_transient(exc):
+                    _log.debug("allocator: presence on %s not set up yet: %r", channel, exc)
+                    return None
+                _log.warning(
+                    "allocator: no presence on %s (%r): the client's waiters there are "
+                    "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
+                    channel,
+                    exc,
+                )
+                return False
+            return True
+
+    def renew(self, channels: list[str]) -> None:
+        """Subscribe to ``channels`` again on a new connection: the server
+        lost the subscription (a restart, a failover, a dropped socket)."""
+        with self._lock:
+            self._close()
+            with no_client_retries():
+                self._subscribe(channels, RETRY_BUDGET)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
+    def _subscribe(self, channels: list[str], budget: float) -> None:
+        deadline = time.monotonic() + budget
+        if self._pubsub is None:
+            self._pubsub = self._new_pubsub(budget)
+        if self._sharded:
+            try:
+                self._pubsub.ssubscribe(*channels)
+                self._confirm(len(channels), deadline)
+                return
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._sharded = False  # Redis 6.2: plain channels
+                self._close()
+                self._pubsub = self._new_pubsub(budget)
+        self._pubsub.subscribe(*channels)
+        self._confirm(len(channels), deadline)
+
+    def _new_pubsub(self, budget: float) -> Any:
+        """A PubSub on a connection of its own (not the pool's: nothing is
+        read from it but confirmations), whose connect and reads are bounded
+        by ``budget``: a hung server costs a waiter no more than that."""
+        pubsub = self._client.pubsub()
+        pool = self._client.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
+        conn.socket_timeout = conn.socket_connect_timeout = budget
+        # Connected here, once: through the PubSub, a timed-out handshake
+        # would be tried again (redis-py reconnects), doubling the time.
+        conn.connect()
+        conn.register_connect_callback(pubsub.on_connect)
+        pubsub.connection = conn
+        return pubsub
+
+    def _confirm(self, count: int, deadline: float) -> None:
+        """Read the server's confirmations (a refusal is raised here) until
+        ``deadline`` (monotonic)."""
+        while count > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RedisTimeoutError("no confirmation of the presence subscription")
+            message = self._pubsub.get_message(timeout=left)
+            if message and message.get("type") in ("subscribe", "ssubscribe", b"subscribe"):
+                count -= 1
+
+
+class AsyncPresence:
+    """Same as the sync shell's presence (:class:`Presence`),
+    awaitable."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._pubsub: Any = None
+        self._sharded = True
+        self._lock = asyncio.Lock()
+
+    async def join(self, channel: str, budget: float) -> bool | None:
+        async with self._lock:
+            try:
+                with no_client_retries():
+                    async with asyncio.timeout(budget):
+                        await self._subscribe([channel], budget)
+            except Exception as exc:
+                await self._close()
+                if is_transient(exc):
+                    _log.debug("allocator: presence on %s not set up yet: %r", channel, exc)
+                    return None
+                _log.warning(
+                    "allocator: no presence on %s (%r): the client's waiters there are "
+                    "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
+                    channel,
+                    exc,
+                )
+                return False
+            return True
+
+    async def renew(self, channels: list[str]) -> None:
+        async with self._lock:
+            await self._close()
+            with no_client_retries():
+                async with asyncio.timeout(RETRY_BUDGET):
+                    await self._subscribe(channels, RETRY_BUDGET)
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._close()
+
+    async def _close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
+
+    async def _subscribe(self, channels: list[str], budget: float) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub()
+        if self._sharded:
+            try:
+                await self._pubsub.ssubscribe(*channels)
+                await self._confirm(len(channels), budget)
+                return
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._sharded = False
+                await self._close()
+                self._pubsub = self._client.pubsub()
+        await self._pubsub.subscribe(*channels)
+        await self._confirm(len(channels), budget)
+
+    async def _confirm(self, count: int, budget: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        while count > 0:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise RedisTimeoutError("no confirmation of the presence subscription")
+            message = await self._pubsub.get_message(timeout=left)
+            if message and message.get("type") in ("subscribe", "ssubscribe", b"subscribe"):
+                count -= 1
