@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from redis.exceptions import ResponseError
 
-from allocator import FairAllocator, Lease, PoolStats
+from allocator import CorruptPool, FairAllocator, Lease, PoolStats
 from allocator._core.checks import MAX_TOKEN
 from allocator._core.keys import KEY_SUFFIXES
 from allocator._scripts import FUNCTIONS, OPERATIONS, READ_ONLY, SCRIPTS, load_functions, scripts
@@ -286,9 +286,15 @@ def test_what_python_accepts_the_server_accepts(ctx: Ctx) -> None:
 # -- 2. damaged records: mended, or ALLOCATOR-CORRUPT naming the key ---------------------
 
 
-def assert_corrupt(error: pytest.ExceptionInfo[ResponseError], key: str, *words: str) -> None:
-    text = str(error.value)
-    assert text.startswith(f"ALLOCATOR-CORRUPT {key}: "), text
+def assert_corrupt(error: pytest.ExceptionInfo[Exception], key: str, *words: str) -> None:
+    """The refusal of a script called directly (ResponseError) or through
+    the library (CorruptPool, naming the pool and the key)."""
+    if isinstance(error.value, CorruptPool):
+        assert error.value.key == key, error.value
+        text = error.value.detail
+    else:
+        text = str(error.value)
+        assert text.startswith(f"ALLOCATOR-CORRUPT {key}: "), text
     for word in words:
         assert word in text, text
 
@@ -351,7 +357,7 @@ def test_a_damaged_resource_record_is_mended(ctx: Ctx) -> None:
     ctx.pool.extend(["b"], capacity=3, priority=5)
     fence = ctx.record("b")[3]
     ctx.client.hset(ctx.key("res"), "b", f"x|zz|0|{fence}|z|0||0|0|0")
-    with pytest.raises(ResponseError) as error:
+    with pytest.raises(CorruptPool) as error:
         ctx.pool.status()
     assert_corrupt(error, ctx.key("res"), "'b'", "malformed")
     assert ctx.pool.gc().repaired >= 1
@@ -377,7 +383,7 @@ def test_a_fence_that_cannot_grow_is_never_granted(ctx: Ctx, fence: str) -> None
     assert ctx.pool.acquire(blocking=False) is None
     assert ctx.client.zcard(ctx.key("free")) == 0
     for call in (ctx.pool.status, ctx.pool.gc):
-        with pytest.raises(ResponseError) as error:
+        with pytest.raises(CorruptPool) as error:
             call()
         assert_corrupt(error, ctx.key("res"), "'a'", "fence cannot grow")
     ctx.pool.extend(["d"])
@@ -397,7 +403,7 @@ def test_the_last_token_a_fence_can_give_is_given_once(ctx: Ctx) -> None:
     assert first.token == 2**53
     assert ctx.pool.release(first)
     assert ctx.pool.acquire(blocking=False) is None
-    with pytest.raises(ResponseError) as error:
+    with pytest.raises(CorruptPool) as error:
         ctx.pool.status()
     assert_corrupt(error, ctx.key("res"), "'a'", "fence cannot grow")
 
@@ -418,10 +424,10 @@ def test_a_damaged_lease_record(ctx: Ctx) -> None:
     its resource."""
     ctx.client.hset(ctx.key("recs"), ctx.lease.id, "L|garbage")
     for call in (ctx.pool.release, ctx.pool.renew):
-        with pytest.raises(ResponseError) as error:
+        with pytest.raises(CorruptPool) as error:
             call(ctx.lease)
         assert_corrupt(error, ctx.key("recs"), "malformed")
-    with pytest.raises(ResponseError) as error:
+    with pytest.raises(CorruptPool) as error:
         ctx.pool.leases()
     assert_corrupt(error, ctx.key("recs"))
     ctx.cycle()
