@@ -67,8 +67,9 @@ class Hub:
         self.cid = secrets.token_urlsafe(9)
         self.heartbeat = heartbeat
         #: Pools (by their first key) in which this client keeps a presence
-        #: (True) or cannot (False); a pool not in it is not yet decided.
-        self._presence: dict[str, bool] = {}
+        #: (its channel there) or cannot (None); a pool not in it is not yet
+        #: decided.
+        self._presence: dict[str, str | None] = {}
         self._waiters: dict[str, tuple[_Served, Any]] = {}
         self._served: dict[str, _Served] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -80,8 +81,6 @@ class Hub:
         self._retrier = Retrier("waiting-list reader")
         self._refusals = 0
         self._failing_since: float | None = None
-
-    # -- waiters ------------------------------------------------------------
 
     # -- presence -------------------------------------------------------------
 
@@ -97,7 +96,8 @@ class Hub:
         """Whether this client keeps a presence in ``pool``: its shell
         subscribed to the pool's channel for it, or could not (it waits
         there under the plain id, judged by its mark alone)."""
-        self._presence.setdefault(pool.keys[0], kept)
+        channel = pool.presence_channel(self.present_cid) if kept else None
+        self._presence.setdefault(pool.keys[0], channel)
 
     def forget_presence(self) -> None:
         """The presence connection was closed (close()): every pool decides
@@ -111,8 +111,9 @@ class Hub:
         return self.present_cid if self._presence.get(pool.keys[0]) else self.cid
 
     def channels(self) -> list[str]:
-        """The presence channels of the pools where this client keeps one."""
-        return [s.pool.presence_channel(s.cid) for s in self._served.values() if s.cid != self.cid]
+        """The presence channels of the pools where this client keeps one
+        (waited in, or only held a lease in)."""
+        return [channel for channel in self._presence.values() if channel is not None]
 
     # -- waiters ------------------------------------------------------------
 
