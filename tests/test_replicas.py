@@ -285,6 +285,10 @@ def sentinel_set() -> Iterator[tuple[Replicated, Sentinels]]:
         yield replicated, sentinels
 
 
+#: A lease's ttl that outlives any failover in these tests.
+LONG = 600.0
+
+
 def test_sentinel_clients_through_a_failover(
     sentinel_set: tuple[Replicated, Sentinels], pool_name: str
 ) -> None:
@@ -300,7 +304,10 @@ def test_sentinel_clients_through_a_failover(
     )
     pool = FairAllocator(sync_client, pool_name, min_replicas=1, replica_timeout=2.0)
     pool.extend(["a", "b", "c"])
-    before = pool.acquire(timeout=5)
+    # Leases that outlive the failover (Sentinel's default down-after is
+    # 30 s; on a loaded machine the whole run has taken over a minute): one
+    # that expired meanwhile would free its resource for the waiter.
+    before = pool.acquire(timeout=5, ttl=LONG)
 
     async def async_part(phase: str, held: Any) -> Any:
         aclient = AsyncSentinel(sentinels.addresses, socket_timeout=2.0).master_for(
@@ -309,7 +316,7 @@ def test_sentinel_clients_through_a_failover(
         apool = AsyncFairAllocator(aclient, pool_name, min_replicas=1, replica_timeout=2.0)
         try:
             if phase == "before":
-                return await apool.acquire(timeout=5)
+                return await apool.acquire(timeout=5, ttl=LONG)
             renewed = await _retry_async(lambda: apool.renew(held, ttl=60))
             assert renewed.token == held.token
             again = await _retry_async(lambda: apool.acquire(timeout=5))
@@ -319,7 +326,7 @@ def test_sentinel_clients_through_a_failover(
             await aclient.aclose()
 
     held_async = asyncio.run(async_part("before", None))
-    last = pool.acquire(timeout=5)
+    last = pool.acquire(timeout=5, ttl=LONG)
     # A waiter blocks (its reader on a connection of the Sentinel pool)
     # through the failover.
     waiter_client = Sentinel(sentinels.addresses, socket_timeout=2.0).master_for(
