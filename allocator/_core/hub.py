@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from .keys import PICK
-from .liveness import ACK_GIVE_UP, PRESENT, alive_ms, silence
+from .liveness import ACK_GIVE_UP, GRACE, PRESENT, alive_ms, silence
 from .pool import Pool
 from .replies import _decode, _tagged, _unexpected, request_of
 from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
@@ -78,7 +78,11 @@ class Hub:
         #: round goes through): a waiter whose time runs out meanwhile
         #: chains it to its AcquireTimeout.
         self.trouble: BaseException | None = None
-        self._retrier = Retrier("waiting-list reader")
+        # Back off no longer than half a presence grace between two tries:
+        # after a restart or a failover, the reader's next heartbeat (which
+        # refreshes its client and subscribes it again) must come within
+        # the grace, or its waiters lose their place for the outage.
+        self._retrier = Retrier("waiting-list reader", cap=GRACE / 2)
         self._refusals = 0
         self._failing_since: float | None = None
 
