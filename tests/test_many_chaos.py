@@ -33,7 +33,7 @@ from _workers import CTX
 from helpers import wait_until
 
 from allocator import FairAllocator
-from allocator._core.liveness import ALIVE
+from allocator._core.liveness import ALIVE, GRACE
 
 pytestmark = pytest.mark.real_redis
 
@@ -117,6 +117,12 @@ def test_chaos_single_and_multi(
     for worker in live:
         worker.process.join(30)
         assert worker.process.exitcode == 0, f"survivor ended with {worker.process.exitcode}"
+    # A dead waiter deep in the queue (never at its head) is first found
+    # absent by a gc, which starts its presence grace; the next gc after
+    # the grace drops it.
+    pool.gc()
+    graced = server_now(client) + GRACE
+    wait_until(lambda: server_now(client) > graced, timeout=10, what="the presence grace")
     pool.gc()
     status = pool.status()
 
