@@ -25,6 +25,22 @@ __all__ = ["AsyncPresence", "Presence"]
 _log = logging.getLogger("allocator")
 
 
+def _failed(channel: str, error: BaseException) -> bool | None:
+    """What a failed subscription to ``channel`` decides: nothing yet (None)
+    if the server was out of reach, said at debug; no presence there
+    (False) if it refused, said once in the log."""
+    if is_transient(error):
+        _log.debug("allocator: presence on %s not set up yet: %r", channel, error)
+        return None
+    _log.warning(
+        "allocator: no presence on %s (%r): the client's waiters there are "
+        "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
+        channel,
+        error,
+    )
+    return False
+
+
 class Presence:
     """The presence of one reader's client in this process (CONTRACT.md
     section 11): one connection, subscribed to the presence channel of each
@@ -51,16 +67,7 @@ class Presence:
                     self._subscribe([channel], budget)
             except Exception as exc:
                 self._close()
-                if is_transient(exc):
-                    _log.debug("allocator: presence on %s not set up yet: %r", channel, exc)
-                    return None
-                _log.warning(
-                    "allocator: no presence on %s (%r): the client's waiters there are "
-                    "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
-                    channel,
-                    exc,
-                )
-                return False
+                return _failed(channel, exc)
             return True
 
     def renew(self, channels: list[str]) -> None:
@@ -144,16 +151,7 @@ class AsyncPresence:
                         await self._subscribe([channel], budget)
             except Exception as exc:
                 await self._close()
-                if is_transient(exc):
-                    _log.debug("allocator: presence on %s not set up yet: %r", channel, exc)
-                    return None
-                _log.warning(
-                    "allocator: no presence on %s (%r): the client's waiters there are "
-                    "judged by their liveness mark alone, as in 0.2 (docs/operations.md)",
-                    channel,
-                    exc,
-                )
-                return False
+                return _failed(channel, exc)
             return True
 
     async def renew(self, channels: list[str]) -> None:
