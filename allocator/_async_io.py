@@ -231,11 +231,14 @@ def _cancelling(task: asyncio.Task[Any] | None) -> int:
 
 
 class Reader:
-    """Same as the sync shell's reader, as a task: the one blocking reader of
-    an asyncio Redis client in one event loop (of a cluster client: per hash
-    slot), for every pool whose waiters use that client. It ends when nobody
-    is left to wait or to acknowledge, after its current read (it is not
-    cancelled: a read cut short would cost the connection)."""
+    """Same as the sync shell's reader (leader and followers), for the
+    tasks of one event loop: the one blocking reader of an asyncio Redis
+    client in that loop (of a cluster client: per hash slot), for every
+    pool whose waiters use that client. The first waiting task leads and
+    awaits the rounds itself; when its own message comes, or its time runs
+    out, it hands the lead to the task that has waited longest. With nobody
+    left to wait, a task of the reader's own sends what is left to
+    acknowledge and ends (an asyncio hop costs no thread switch)."""
 
     def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -243,6 +246,14 @@ class Reader:
         self._scripts = scripts()
         self._cluster = is_cluster(client)
         self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
+        #: As the sync reader's: the rounds, the step taken and not yet
+        #: carried out, the last step's result, who leads, who follows.
+        self._rounds: Generator[ReaderStep, Any, None] | None = None
+        self._step: ReaderStep | None = None
+        self._result: tuple[Any, BaseException | None] = (None, None)
+        self._sleep_until: float | None = None
+        self._leader: Any = None
+        self._followers: dict[str, Any] = {}
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._conn: Any = None
@@ -277,60 +288,142 @@ class Reader:
 
     def unregister(self, lid: str) -> None:
         self.hub.unregister(lid)
+        self._kick()
 
     async def wait(self, lid: str, timeout: float | None) -> Any:
+        """Same as the sync reader's, awaitable."""
+        deadline = None if timeout is None else self.loop.time() + timeout
         inbox = self.hub.inbox(lid)
-        if self._task is None:
-            self._task = self.loop.create_task(self._run())
         try:
-            return await asyncio.wait_for(inbox.get(), timeout)
-        except TimeoutError:
-            return self.hub.trouble
+            while True:
+                item = _take(inbox)
+                if item is not _LEAD:
+                    return item
+                if self._leader is None or self._leader == lid:
+                    self._leader = lid
+                    self._followers.pop(lid, None)
+                    if self._rounds is None:
+                        self._rounds = self.hub.rounds(self.loop.time)
+                        self._result = (None, None)
+                    await self._lead(lid, inbox, deadline)
+                    if inbox.empty():  # its time ran out, or the rounds ended
+                        return self.hub.trouble
+                    continue
+                self._followers[lid] = inbox
+                span = None if deadline is None else max(deadline - self.loop.time(), 0.0)
+                try:
+                    item = await asyncio.wait_for(inbox.get(), span)
+                except TimeoutError:
+                    return self.hub.trouble
+                if item is not _LEAD:
+                    return item
+        finally:
+            self._followers.pop(lid, None)
+            if self._leader == lid:
+                self._leader = None
+                self._kick()
 
     async def finish(self) -> None:
         """Same as the sync reader's: unless somebody waits on it, let the
-        reader end (within about a heartbeat) and the releases it started."""
+        reading end (within about a heartbeat) and the releases it started,
+        and give the connection back."""
         task = None if self.hub.waiting else self._task
         if task is not None and task is not asyncio.current_task():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), self.hub.heartbeat + READ_SLACK)
         if self._chores:
             await asyncio.gather(*self._chores, return_exceptions=True)
+        if not self.hub.waiting and self._leader is None and self._rounds is None:
+            await self._release_connection()
         if self.presence is not None and not self.hub.waiting:
             await self.presence.close()
             self.hub.forget_presence()
 
-    async def _run(self) -> None:
-        rounds = self.hub.rounds(self.loop.time)
-        reply: Any = None
-        error: BaseException | None = None
-        try:
-            while True:
-                try:
-                    step = rounds.send(reply) if error is None else rounds.throw(error)
-                except StopIteration:
-                    return
-                reply, error = None, None
-                try:
-                    reply = await self._carry(step)
-                except Exception as exc:  # handed to the loop, which decides
-                    await self._drop_connection()
-                    error = exc
-        except asyncio.CancelledError:
-            # The loop is shutting down: a read cut short leaves its
-            # connection unusable.
-            await self._drop_connection()
-            raise
-        finally:
-            if self._task is asyncio.current_task():
-                self._task = None
-            await self._release_connection()
+    @property
+    def reading(self) -> bool:
+        """Rounds are under way (somebody waits, or is left to acknowledge)."""
+        return self._rounds is not None
 
-    async def _carry(self, step: ReaderStep) -> Any:
+    # -- the lead -------------------------------------------------------------
+
+    async def _lead(self, me: Any, inbox: Any, deadline: float | None) -> None:
+        """Same as the sync reader's: the rounds, until ``inbox`` holds
+        something, the ``deadline`` passes or the rounds end (the reader's
+        task: until a waiter comes to take the lead)."""
+        while True:
+            if inbox is not None and not inbox.empty():
+                return
+            if me is _TASK and self._followers:
+                return
+            if deadline is not None and self.loop.time() >= deadline:
+                return
+            step = self._advance()
+            if step is None:
+                return
+            try:
+                reply = await self._carry(step, deadline)
+            except Exception as exc:  # handed to the rounds, which decide
+                self._drop_connection()
+                self._done(None, exc)
+            except BaseException:
+                # Cancelled (the loop shuts down, a caller's own timeout):
+                # the step is left to the next leader, and the connection,
+                # a reply perhaps half read, is not used again.
+                self._drop_connection()
+                raise
+            else:
+                if reply is not _PARTIAL:
+                    self._done(reply, None)
+
+    def _advance(self) -> ReaderStep | None:
+        """Same as the sync reader's."""
+        if self._step is None:
+            rounds = self._rounds
+            if rounds is None:
+                return None
+            reply, error = self._result
+            try:
+                self._step = rounds.send(reply) if error is None else rounds.throw(error)
+            except StopIteration:
+                self._rounds = None
+                return None
+        return self._step
+
+    def _done(self, reply: Any, error: BaseException | None) -> None:
+        self._step = None
+        self._result = (reply, error)
+
+    def _kick(self) -> None:
+        """Nobody leads: hand the lead to the task that has waited longest;
+        with nobody waiting, the reader's own task finishes the rounds."""
+        if self._leader is not None or self._rounds is None:
+            return
+        if self._followers:
+            lid, inbox = next(iter(self._followers.items()))
+            self._leader = lid
+            inbox.put_nowait(_LEAD)
+        elif not self.hub.waiting and (self._task is None or self._task.done()):
+            self._task = self.loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        if self._leader is not None:
+            return
+        self._leader = _TASK
+        try:
+            await self._lead(_TASK, None, None)
+        finally:
+            if self._leader is _TASK:
+                self._leader = None
+                self._kick()
+
+    async def _carry(self, step: ReaderStep, deadline: float | None) -> Any:
         """Same as the sync reader's, awaitable; a release runs as a task
         of its own, so that the round goes on meanwhile."""
         if isinstance(step, Exchange):
-            return await self._exchange(step.acks, step.keys, step.block)
+            block = step.block
+            if deadline is not None and step.keys:
+                block = max(0.01, min(block, deadline - self.loop.time()))
+            return await self._exchange(step.acks, step.keys, block)
         if isinstance(step, Beat):
             return [
                 (key, await run_call(self._client, self._scripts, call)) for key, call in step.calls
@@ -339,7 +432,7 @@ class Reader:
             for inbox, item in step.items:
                 inbox.put_nowait(item)
             for call in step.releases:
-                chore = self.loop.create_task(drive(Pool.retry_single(call), self._step))
+                chore = self.loop.create_task(drive(Pool.retry_single(call), self._run_step))
                 self._chores.add(chore)
                 chore.add_done_callback(self._chores.discard)
             return None
@@ -347,10 +440,17 @@ class Reader:
             if self.presence is not None:
                 await self.presence.renew(step.channels)
             return None
-        await asyncio.sleep(step.seconds)
+        now = self.loop.time()
+        if self._sleep_until is None:
+            self._sleep_until = now + step.seconds
+        end = self._sleep_until if deadline is None else min(self._sleep_until, deadline)
+        await asyncio.sleep(max(0.0, end - now))
+        if self.loop.time() < self._sleep_until:
+            return _PARTIAL
+        self._sleep_until = None
         return None
 
-    async def _step(self, step: Step) -> Any:
+    async def _run_step(self, step: Step) -> Any:
         return await run_step(self._client, self._scripts, step, None)
 
     async def _exchange(
@@ -389,19 +489,44 @@ class Reader:
             raise RedisTimeoutError("no reply from the server to the reader's round") from None
         return round_replies(commands, replies)
 
-    async def _drop_connection(self) -> None:
+    def _drop_connection(self) -> None:
+        """The connection, whose round failed or was cut short, closed (in
+        a task of its own: a cancelled leader awaits nothing more)."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.disconnect()
-            with contextlib.suppress(Exception):
-                await self._client.connection_pool.release(conn)
+            chore = self.loop.create_task(self._discard(conn))
+            self._chores.add(chore)
+            chore.add_done_callback(self._chores.discard)
+
+    async def _discard(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            await conn.disconnect()
+        with contextlib.suppress(Exception):
+            await self._client.connection_pool.release(conn)
 
     async def _release_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 await self._client.connection_pool.release(conn)
+
+
+#: An inbox item: the reader's lead is yours (if it still is: see Reader.wait).
+_LEAD: Any = object()
+#: Who leads when the reader's own task does.
+_TASK: Any = object()
+#: A step a leader could not finish before its deadline.
+_PARTIAL: Any = object()
+
+
+def _take(inbox: Any) -> Any:
+    """The next item of ``inbox`` that is not a stale lead, else
+    :data:`_LEAD` (nothing there)."""
+    while not inbox.empty():
+        item = inbox.get_nowait()
+        if item is not _LEAD:
+            return item
+    return _LEAD
 
 
 async def _get_connection(pool: Any) -> Any:

@@ -292,11 +292,23 @@ def drive(steps: Generator[S, Any, T], run: Callable[[S], Any]) -> T:
 class Reader:
     """The one blocking reader of a Redis client in this process (of a
     cluster client: per hash slot, since one blocking read can only wait on
-    keys of one slot), for every pool whose waiters use that client: a
-    daemon thread that carries out its :class:`~allocator._core.hub.Hub`'s
-    rounds. Waiting threads hold no connection; the reader holds one of
-    the client's connections while anyone waits, and ends (returning it)
-    when nobody is left to wait or to acknowledge.
+    keys of one slot), for every pool whose waiters use that client: it
+    carries out its :class:`~allocator._core.hub.Hub`'s rounds on one
+    connection of the client's, which it holds while anyone waits.
+
+    **The waiter reads its own grant** (leader and followers). There is no
+    reader thread while threads wait: the first waiting thread leads, and
+    runs the rounds itself; messages for the others go to their inboxes,
+    where they (the followers) wait. When the leader's own message comes,
+    or its time runs out, it hands the lead to the follower that has
+    waited longest. A process with one waiting thread, a worker's common
+    case, so gets its grant without any thread hop. The last waiter to
+    leave sends what is left to acknowledge without waiting for the reply,
+    which the next round reads (a lost acknowledgement costs nothing: the
+    pick-up check puts the grant back on the list, see prelude.lua). Only
+    where that cannot be done (a cluster client, a failed send, a backoff
+    after a failure) a daemon thread, ``allocator-reader``, finishes the
+    rounds; it hands the lead to the first thread that comes to wait.
     """
 
     def __init__(self, client: Any) -> None:
@@ -305,8 +317,22 @@ class Reader:
         self._cluster = is_cluster(client)
         self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
         self._lock = threading.Lock()
+        #: The hub's rounds while they run, the step taken from them and
+        #: not yet carried out (the next leader carries it), and what the
+        #: last step gave, to send into the rounds.
+        self._rounds: Generator[ReaderStep, Any, None] | None = None
+        self._step: ReaderStep | None = None
+        self._result: tuple[Any, BaseException | None] = (None, None)
+        self._sleep_until: float | None = None
+        #: Who leads: a waiter's lease id, :data:`_THREAD`, or nobody.
+        self._leader: Any = None
+        #: Waiting threads that do not lead, by lease id, oldest first.
+        self._followers: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
         self._conn: Any = None
+        #: Replies still to read on ``_conn`` (acknowledgements sent by the
+        #: last waiter to leave).
+        self._unread = 0
         self._closing = False
         self.presence = Presence(client) if keeps_presence(client) else None
 
@@ -349,39 +375,71 @@ class Reader:
     def unregister(self, lid: str) -> None:
         with self._lock:
             self.hub.unregister(lid)
+            self._kick()
 
     def wait(self, lid: str, timeout: float | None) -> Any:
+        """The next message for waiter ``lid``, or the reader's trouble
+        (None if none) once ``timeout`` seconds have passed. The calling
+        thread leads while nobody else does (see the class)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             inbox = self.hub.inbox(lid)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="allocator-reader", daemon=True
+        try:
+            while True:
+                item = _take(inbox)
+                if item is not _LEAD:
+                    return item
+                with self._lock:
+                    lead = self._leader is None or self._leader == lid
+                    if lead:
+                        self._leader = lid
+                        self._followers.pop(lid, None)
+                        if self._rounds is None:
+                            self._rounds = self.hub.rounds(time.monotonic)
+                            self._result = (None, None)
+                            _READERS.add(self)
+                    else:
+                        self._followers[lid] = inbox
+                if lead:
+                    self._lead(lid, inbox, deadline)
+                    if inbox.empty():  # its time ran out, or the rounds ended
+                        return self.hub.trouble
+                    continue
+                # A follower, waited in slices: a SIGINT that the kernel
+                # hands to another thread of the process only sets Python's
+                # flag, and a get that blocks for ever would never return
+                # to see it, so the KeyboardInterrupt would not reach this
+                # waiter (it would not leave the queue until a message came).
+                span = (
+                    WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
                 )
-                self._thread.start()
-                _READERS.add(self)
-        # Waited in slices: a SIGINT that the kernel hands to another thread
-        # of the process (the reader's) only sets Python's flag, and a get
-        # that blocks for ever would never return to see it, so the
-        # KeyboardInterrupt would not reach this waiter (it did not leave
-        # the queue until a message came).
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            span = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
-            try:
-                return inbox.get(timeout=max(span, 0.0))
-            except queue.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return self.hub.trouble
+                try:
+                    item = inbox.get(timeout=max(span, 0.0))
+                except queue.Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return self.hub.trouble
+                    continue
+                if item is not _LEAD:
+                    return item
+        finally:
+            with self._lock:
+                self._followers.pop(lid, None)
+                if self._leader == lid:
+                    self._leader = None
+                    self._kick()
 
     def finish(self) -> None:
-        """Unless somebody waits on it: let the reader end, which it does
-        within about a heartbeat (its last blocking read), after sending
-        what it has left to acknowledge; its connection goes back to the
-        client's pool."""
+        """Unless somebody waits on it: let the reading end (a thread that
+        finishes it, within about a heartbeat), read what is left to read
+        and give the connection back to the client's pool."""
         with self._lock:
             thread = None if self.hub.waiting else self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.hub.heartbeat + READ_SLACK)
+        with self._lock:
+            if not self.hub.waiting and self._leader is None:
+                self._read_unread()
+                self._release_connection()
         if self.presence is not None and not self.hub.waiting:
             self.presence.close()
             with self._lock:
@@ -389,61 +447,165 @@ class Reader:
 
     @property
     def reading(self) -> bool:
-        thread = self._thread
-        return thread is not None and thread.is_alive()
+        """Rounds are under way (somebody waits, or is left to acknowledge)."""
+        return self._rounds is not None
 
     def close_connection(self) -> None:
-        """At exit: end the read in flight; the reader then ends quietly."""
+        """At exit: end the read in flight; the reading then ends quietly."""
         self._closing = True
         conn = self._conn
         if conn is not None:
             conn.disconnect()
 
-    # -- the thread -----------------------------------------------------------
+    # -- the lead -------------------------------------------------------------
+
+    def _lead(self, me: Any, inbox: Any, deadline: float | None) -> None:
+        """Carry out the hub's rounds until ``inbox`` holds something, the
+        ``deadline`` passes or the rounds end (the thread: until a waiter
+        comes to take the lead)."""
+        while True:
+            with self._lock:
+                if self._closing or (inbox is not None and not inbox.empty()):
+                    return
+                if me is _THREAD and self._followers:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                step = self._advance()
+                if step is None:
+                    return
+            try:
+                reply = self._carry(step, deadline)
+            except Exception as exc:  # handed to the rounds, which decide
+                self._drop_connection()
+                with self._lock:
+                    self._done(None, exc)
+            except BaseException:
+                # Interrupted (a KeyboardInterrupt): the step is left to the
+                # next leader, and the connection, a reply perhaps half
+                # read, is not used again.
+                self._drop_connection()
+                raise
+            else:
+                if reply is not _PARTIAL:
+                    with self._lock:
+                        self._done(reply, None)
+
+    def _advance(self) -> ReaderStep | None:
+        """The step to carry out next: one left by the last leader, else the
+        rounds' next (None once they ended). Under the lock."""
+        if self._step is None:
+            rounds = self._rounds
+            if rounds is None:
+                return None
+            reply, error = self._result
+            try:
+                self._step = rounds.send(reply) if error is None else rounds.throw(error)
+            except StopIteration:
+                self._rounds = None
+                return None
+        return self._step
+
+    def _done(self, reply: Any, error: BaseException | None) -> None:
+        self._step = None
+        self._result = (reply, error)
+
+    def _kick(self) -> None:
+        """Nobody leads: hand the lead to the follower that has waited
+        longest; with nobody waiting, finish the rounds. A waiter between
+        two steps of its flow comes back to wait, or leaves. Under the lock."""
+        if self._leader is not None or self._rounds is None:
+            return
+        if self._followers:
+            lid, inbox = next(iter(self._followers.items()))
+            self._leader = lid
+            inbox.put(_LEAD)
+            return
+        if not self.hub.waiting:
+            self._wind_up()
+
+    def _wind_up(self) -> None:
+        """Nobody waits: the rounds have only acknowledgements left (and
+        heartbeats with nothing to beat for). Send them without waiting for
+        the reply, or leave them to the thread. Under the lock."""
+        while True:
+            step = self._advance()
+            if step is None:
+                return
+            if isinstance(step, Beat) and not step.calls:
+                self._done([], None)
+            elif (
+                isinstance(step, Exchange)
+                and not step.keys
+                and self._conn is not None
+                and not self._cluster
+            ):
+                commands = round_commands(step.acks, [], 0.0)
+                try:
+                    self._conn.send_packed_command(self._conn.pack_commands(commands))
+                except Exception as exc:
+                    self._drop_connection()
+                    self._done(None, exc)
+                else:
+                    self._unread += len(commands)
+                    self._done([], None)
+            else:
+                self._start_thread()
+                return
+
+    def _start_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="allocator-reader", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
-        rounds = self.hub.rounds(time.monotonic)
-        reply: Any = None
-        error: BaseException | None = None
+        with self._lock:
+            if self._leader is not None:
+                return
+            self._leader = _THREAD
         try:
-            while True:
-                with self._lock:
-                    try:
-                        step = rounds.send(reply) if error is None else rounds.throw(error)
-                    except StopIteration:
-                        self._thread = None
-                        return
-                reply, error = None, None
-                try:
-                    reply = self._carry(step)
-                except Exception as exc:  # handed to the loop, which decides
-                    self._drop_connection()
-                    if self._closing:
-                        return
-                    error = exc
+            self._lead(_THREAD, None, None)
         finally:
-            self._release_connection()
+            with self._lock:
+                if self._leader is _THREAD:
+                    self._leader = None
+                    self._kick()
 
-    def _carry(self, step: ReaderStep) -> Any:
-        """Carry out a step of the hub's loop (:meth:`~allocator._core.hub.Hub.rounds`)."""
+    def _carry(self, step: ReaderStep, deadline: float | None) -> Any:
+        """Carry out a step of the hub's rounds
+        (:meth:`~allocator._core.hub.Hub.rounds`), within the leader's
+        ``deadline``: a shorter blocking read; a pause cut short is
+        :data:`_PARTIAL`, to be finished by the next leader."""
         if isinstance(step, Exchange):
-            return self._exchange(step.acks, step.keys, step.block)
+            block = step.block
+            if deadline is not None and step.keys:
+                block = max(0.01, min(block, deadline - time.monotonic()))
+            return self._exchange(step.acks, step.keys, block)
         if isinstance(step, Beat):
             return [(key, run_call(self._client, self._scripts, call)) for key, call in step.calls]
         if isinstance(step, Deliver):
-            for inbox, item in step.items:
+            while step.items:  # one by one: an interrupted Deliver is finished, not repeated
+                inbox, item = step.items.pop(0)
                 inbox.put(item)
-            for call in step.releases:
-                drive(Pool.retry_single(call), self._step)
+            while step.releases:
+                drive(Pool.retry_single(step.releases[0]), self._run_step)
+                step.releases.pop(0)
             return None
         if isinstance(step, Subscribe):
             if self.presence is not None:
                 self.presence.renew(step.channels)
             return None
-        time.sleep(step.seconds)
+        now = time.monotonic()
+        if self._sleep_until is None:
+            self._sleep_until = now + step.seconds
+        end = self._sleep_until if deadline is None else min(self._sleep_until, deadline)
+        time.sleep(max(0.0, end - now))
+        if time.monotonic() < self._sleep_until:
+            return _PARTIAL
+        self._sleep_until = None
         return None
 
-    def _step(self, step: Step) -> Any:
+    def _run_step(self, step: Step) -> Any:
         return run_step(self._client, self._scripts, step, None)
 
     def _exchange(
@@ -468,10 +630,18 @@ class Reader:
         commands = round_commands(acks, keys, block)
         conn.send_packed_command(conn.pack_commands(commands))
         # The blocking read may last `block`, whatever the client's socket
-        # timeout: wait for the reply here, then read it.
-        replies = []
+        # timeout: wait for the reply here, then read it. Replies left by
+        # the last round's acknowledgements come first.
         wait = block + READ_SLACK
-        for _ in commands:
+        self._read(conn, self._unread, wait)
+        self._unread = 0
+        return round_replies(commands, self._read(conn, len(commands), wait))
+
+    def _read(self, conn: Any, count: int, wait: float) -> list[Any]:
+        """``count`` replies from ``conn``, each within ``wait`` seconds;
+        error replies as values."""
+        replies: list[Any] = []
+        for _ in range(count):
             try:
                 if _READ_TIMEOUT:
                     replies.append(conn.read_response(timeout=wait))
@@ -483,10 +653,21 @@ class Reader:
                     replies.append(conn.read_response())
             except ResponseError as exc:
                 replies.append(exc)
-        return round_replies(commands, replies)
+        return replies
+
+    def _read_unread(self) -> None:
+        """Read the replies left on the connection (closing it if they do
+        not come). Under the lock, with nobody leading."""
+        if self._unread and self._conn is not None:
+            try:
+                self._read(self._conn, self._unread, READ_SLACK)
+            except Exception:
+                self._drop_connection()
+        self._unread = 0
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
+        self._unread = 0
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.disconnect()
@@ -498,6 +679,24 @@ class Reader:
         if conn is not None:
             with contextlib.suppress(Exception):
                 self._client.connection_pool.release(conn)
+
+
+#: An inbox item: the reader's lead is yours (if it still is: see Reader.wait).
+_LEAD: Any = object()
+#: Who leads when the reader's thread does.
+_THREAD: Any = object()
+#: A step a leader could not finish before its deadline.
+_PARTIAL: Any = object()
+
+
+def _take(inbox: Any) -> Any:
+    """The next item of ``inbox`` that is not a stale lead, else
+    :data:`_LEAD` (nothing there)."""
+    while not inbox.empty():
+        item = inbox.get_nowait()
+        if item is not _LEAD:
+            return item
+    return _LEAD
 
 
 #: Whether this redis-py reads a reply with its own timeout (newer ones do);

@@ -142,23 +142,20 @@ def async_leaser(
 
 def interrupted_through_the_reader(url: str, name: str, inbox: Any, outbox: Any) -> None:
     """Wait in ``acquire(timeout=None)``; on the command ``"aim"``, a helper
-    thread sends SIGINT to the client's reader thread (as the kernel may
-    choose to: a process-directed signal goes to any thread). Reports
-    ``("ready", pid)``, then ``("interrupted", None)`` once the waiter's
-    KeyboardInterrupt came, or ``("granted", lease)``."""
+    thread sends SIGINT to itself, a thread other than the waiter's (as the
+    kernel may choose: a process-directed signal goes to any thread; only
+    Python's flag is set there, and the main thread must come to look at
+    it: the waiter leads the reading, blocked in a socket read, or follows,
+    blocked on its inbox). Reports ``("ready", pid)``, then
+    ``("interrupted", None)`` once the waiter's KeyboardInterrupt came, or
+    ``("granted", lease)``."""
     import threading
 
     _client, pool = _pool(url, name, 60.0)
 
     def aim() -> None:
         assert inbox.get() == "aim"
-        # The waiter may not have started its reader yet (a loaded machine).
-        while True:
-            reader = next((t for t in threading.enumerate() if t.name == "allocator-reader"), None)
-            if reader is not None and reader.ident is not None:
-                break
-            time.sleep(0.01)
-        signal.pthread_kill(reader.ident, signal.SIGINT)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
     threading.Thread(target=aim, daemon=True).start()
     outbox.put(("ready", os.getpid()))

@@ -184,13 +184,14 @@ def _go(worker: Any) -> dict[str, Any]:
 
 
 @pytest.mark.real_redis
-def test_a_sigint_taken_by_the_reader_thread_still_interrupts_the_waiter(
+def test_a_sigint_taken_by_another_thread_still_interrupts_the_waiter(
     redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc]
 ) -> None:
     """The kernel hands a process-directed SIGINT to any of its threads. One
-    taken by the reader only sets Python's flag: a waiter blocked for ever
-    on its inbox never saw it, and stayed queued (test_many's SIGINT case
-    hung so, now and then, under load). It leaves the queue at once."""
+    taken by another thread only sets Python's flag: a waiter blocked for
+    ever (on its inbox, or in its blocking read) never saw it, and stayed
+    queued (test_many's SIGINT case hung so, now and then, under load). It
+    leaves the queue at once."""
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
     held = pool.acquire(timeout=5)
