@@ -105,9 +105,10 @@ class FairAllocator:
     def close(self) -> None:
         """End the background work of this allocator's client in this
         process, for a process that wants it gone before it exits: the
-        reader (a daemon thread) sends what it has left to acknowledge and
-        ends, within about a heartbeat (1 s), and its connection goes back
-        to the client's pool. A reader that other threads still wait on is
+        reader's connection goes back to the client's pool, once the replies
+        still due on it (the last acknowledgements) are read; a reader
+        thread finishing rounds that no waiter was left to carry ends
+        first, within about a heartbeat (1 s). A reader that other threads still wait on is
         left to them. Leases stay as they are (release them first; a
         ``lease()`` block's keepalive ends with its block), the client
         stays open (it is yours: ``client.close()``), and the allocator

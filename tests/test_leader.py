@@ -1,0 +1,181 @@
+"""The waiter reads its own grant (issue 22): leader and followers.
+
+While threads (or tasks) of one client wait, there is no reader thread:
+the first waiter leads, carrying out the rounds on the client's one
+blocking connection, and the others follow, each woken by the message the
+leader routes to it. When the leader's own message comes, or its time runs
+out, the lead passes to the follower that has waited longest. The last
+waiter to leave sends the acknowledgements without waiting for the reply.
+
+Each test can fail: with a reader thread, the first sees it; a lead that is
+not handed on strands the followers (their grants are never read); an
+acknowledgement left unsent leaves the grant in the pool's pick-up set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from helpers import wait_until
+
+from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
+from allocator._core.keys import PICK
+from allocator._sync_io import Reader, reader_for
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    made = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def threads_started(monkeypatch: pytest.MonkeyPatch) -> list[Reader]:
+    """Readers that started their thread (which only finishes rounds that a
+    waiter could not: see Reader)."""
+    started: list[Reader] = []
+    start = Reader._start_thread
+
+    def counted(self: Reader) -> None:
+        started.append(self)
+        start(self)
+
+    monkeypatch.setattr(Reader, "_start_thread", counted)
+    return started
+
+
+def blocked_readers(client: Any) -> int:
+    """Clients blocked in a BLPOP right now (a reader waiting on its list)."""
+    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c["flags"])
+
+
+def acquire_in_thread(pool: FairAllocator, timeout: float, out: list[Any]) -> threading.Thread:
+    def run() -> None:
+        try:
+            out.append(pool.acquire(timeout=timeout))
+        except AcquireTimeout as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_lone_waiter_reads_its_own_grant(
+    client: Any, pool_name: str, threads_started: list[Reader]
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    got: list[Any] = []
+    waiter = acquire_in_thread(pool, 30, got)
+    wait_until(lambda: blocked_readers(client) == 1, what="the waiter blocked in its read")
+    assert not any(t.name == "allocator-reader" for t in threading.enumerate())
+
+    assert pool.release(held)
+    waiter.join(30)
+    assert isinstance(got[0], Lease) and got[0].resource == "r"
+    assert not reader_for(client, pool._pool).reading  # nothing left to read for
+    pick = pool._pool.keys[PICK]
+    wait_until(lambda: client.zcard(pick) == 0, what="the grant acknowledged")
+    assert threads_started == []
+    assert pool.release(got[0])
+
+
+def test_the_lead_passes_to_the_waiter_that_waited_longest(
+    client: Any, pool_name: str, threads_started: list[Reader]
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    order: list[int] = []
+    done = threading.Event()
+
+    def wait(i: int) -> None:
+        lease = pool.acquire(timeout=60)
+        order.append(i)
+        pool.release(lease)
+        if i == 3:
+            done.set()
+
+    threads = []
+    for i in range(4):
+        threads.append(threading.Thread(target=wait, args=(i,), daemon=True))
+        threads[-1].start()
+        wait_until(lambda n=i + 1: pool.status().waiting == n, what=f"waiter {i} queued")
+    assert blocked_readers(client) == 1  # one blocking connection for all four
+
+    assert pool.release(held)
+    assert done.wait(60), f"the lead was not passed on: served {order}"
+    assert order == [0, 1, 2, 3]
+    for thread in threads:
+        thread.join(10)
+    assert threads_started == []
+    pick = pool._pool.keys[PICK]
+    wait_until(lambda: client.zcard(pick) == 0, what="every grant acknowledged")
+
+
+def test_a_leader_whose_time_runs_out_hands_the_lead_on(
+    client: Any, pool_name: str, threads_started: list[Reader]
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    first: list[Any] = []
+    leader = acquire_in_thread(pool, 1.0, first)
+    wait_until(lambda: blocked_readers(client) == 1, what="the first waiter leading")
+    second: list[Any] = []
+    follower = acquire_in_thread(pool, 60, second)
+    wait_until(lambda: pool.status().waiting == 2, what="the second waiter queued")
+
+    leader.join(30)
+    assert isinstance(first[0], AcquireTimeout)
+    assert pool.release(held)
+    follower.join(30)
+    assert second and isinstance(second[0], Lease), "the follower's grant was never read"
+    assert pool.release(second[0])
+    assert threads_started == []
+
+
+def test_asyncio_waiters_lead_in_turn(redis_url: str, pool_name: str) -> None:
+    async def run() -> list[int]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        pool = AsyncFairAllocator(client, pool_name)
+        await pool.extend(["r"])
+        held = await pool.acquire(timeout=5)
+        order: list[int] = []
+
+        async def wait(i: int, timeout: float) -> None:
+            try:
+                lease = await pool.acquire(timeout=timeout)
+            except AcquireTimeout:
+                order.append(-i)
+                return
+            order.append(i)
+            await pool.release(lease)
+
+        tasks = []
+        # Waiter 1 leads first and gives up after 1 s; the lead must pass.
+        for i, timeout in ((1, 1.0), (2, 60.0), (3, 60.0)):
+            tasks.append(asyncio.create_task(wait(i, timeout)))
+            while (await pool.status()).waiting < i:
+                await asyncio.sleep(0.01)
+        await tasks[0]
+        from allocator._async_io import reader_for as async_reader_for
+
+        reader = async_reader_for(client, pool._pool)
+        assert reader._task is None or reader._task.done()  # the tasks lead: no task of its own
+        assert await pool.release(held)
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        await pool.close()
+        await client.aclose()
+        return order
+
+    assert asyncio.run(run()) == [-1, 2, 3]
