@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_replies
+from ._core.hub import READ_SLACK, Hub, round_commands, round_replies
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -188,11 +188,7 @@ async def _send_to_slot(client: Any, commands: list[tuple[Any, ...]], key: str) 
                 await client.nodes_manager.initialize()
         raise
     finally:
-        release = getattr(node, "release", None)
-        if release is not None:
-            release(conn)
-        else:  # redis-py < 5.1: the node keeps its free connections itself
-            node._free.append(conn)
+        _give_to_node(node, conn)
     if moved(replies):
         await client.nodes_manager.initialize()  # learn the new owner of the slot
     return replies
@@ -257,6 +253,8 @@ class Reader:
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._conn: Any = None
+        #: On a cluster, the node ``_conn`` came from.
+        self._node: Any = None
         self.presence = AsyncPresence(client) if keeps_presence(client) else None
 
     @property
@@ -456,22 +454,12 @@ class Reader:
     async def _exchange(
         self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
     ) -> list[tuple[Any, Any]]:
-        """Same as the sync reader's round: one round trip."""
-        client = self._client
-        if self._cluster:
-            with no_client_retries():
-                for pick, lids in acks:
-                    await client.zrem(pick, *lids)
-                if not keys:
-                    return []
-                first = await client.blpop(keys, timeout=block)
-                rest = [(key, await client.lpop(key, BATCH)) for key in keys] if first else []
-            return popped(first, rest)
+        """Same as the sync reader's round: one round trip (on a cluster, to
+        the master of the reader's slot)."""
         conn = self._conn
         if conn is None:
-            conn = self._conn = await _get_connection(client.connection_pool)
+            conn = self._conn = await self._connect(keys or [pick for pick, _ in acks])
         commands = round_commands(acks, keys, block)
-        await conn.send_packed_command(conn.pack_commands(commands))
         replies = []
         # One bound for the round's replies: redis-py's asyncio
         # read_response(timeout=...) answers None when it runs out and leaves
@@ -479,6 +467,7 @@ class Reader:
         # read the replies of earlier ones. A round cut short here raises,
         # and the reader drops its connection.
         try:
+            await conn.send_packed_command(conn.pack_commands(commands))
             async with asyncio.timeout(block + READ_SLACK):
                 for _ in commands:
                     try:
@@ -486,8 +475,29 @@ class Reader:
                     except ResponseError as exc:
                         replies.append(exc)
         except TimeoutError:
+            await self._relearn_slots()
             raise RedisTimeoutError("no reply from the server to the reader's round") from None
+        except (RedisConnectionError, RedisTimeoutError):
+            await self._relearn_slots()
+            raise
+        if self._cluster and moved(replies):
+            await self._relearn_slots()
         return round_replies(commands, replies)
+
+    async def _connect(self, keys: list[str]) -> Any:
+        """A connection for the reader's rounds: of the client's pool, or on
+        a cluster a connection of its own to the master of ``keys``' slot."""
+        if not self._cluster:
+            return await _get_connection(self._client.connection_pool)
+        await self._client.initialize()  # a no-op once the client knows the slots
+        self._node = self._client.get_node_from_key(keys[0])
+        return self._node.acquire_connection()
+
+    async def _relearn_slots(self) -> None:
+        """On a cluster, after a failed round: the master may be gone."""
+        if self._cluster:
+            with contextlib.suppress(Exception):
+                await self._client.nodes_manager.initialize()
 
     def _drop_connection(self) -> None:
         """The connection, whose round failed or was cut short, closed (in
@@ -501,13 +511,18 @@ class Reader:
     async def _discard(self, conn: Any) -> None:
         with contextlib.suppress(Exception):
             await conn.disconnect()
-        with contextlib.suppress(Exception):
-            await self._client.connection_pool.release(conn)
+        await self._give_back(conn)
 
     async def _release_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):
+            await self._give_back(conn)
+
+    async def _give_back(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            if self._cluster:
+                _give_to_node(self._node, conn)
+            else:
                 await self._client.connection_pool.release(conn)
 
 
@@ -527,6 +542,15 @@ def _take(inbox: Any) -> Any:
         if item is not _LEAD:
             return item
     return _LEAD
+
+
+def _give_to_node(node: Any, conn: Any) -> None:
+    """A connection taken with ``node.acquire_connection()``, given back."""
+    release = getattr(node, "release", None)
+    if release is not None:
+        release(conn)
+    else:  # redis-py < 5.1: the node keeps its free connections itself
+        node._free.append(conn)
 
 
 async def _get_connection(pool: Any) -> Any:

@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._core.hub import BATCH, READ_SLACK, Hub, popped, round_commands, round_replies
+from ._core.hub import READ_SLACK, Hub, round_commands, round_replies
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -330,6 +330,9 @@ class Reader:
         self._followers: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
         self._conn: Any = None
+        #: The connection pool ``_conn`` came from: the client's, or on a
+        #: cluster that of the master of the reader's slot.
+        self._conn_pool: Any = None
         #: Replies still to read on ``_conn`` (acknowledgements sent by the
         #: last waiter to leave).
         self._unread = 0
@@ -534,12 +537,7 @@ class Reader:
                 return
             if isinstance(step, Beat) and not step.calls:
                 self._done([], None)
-            elif (
-                isinstance(step, Exchange)
-                and not step.keys
-                and self._conn is not None
-                and not self._cluster
-            ):
+            elif isinstance(step, Exchange) and not step.keys and self._conn is not None:
                 commands = round_commands(step.acks, [], 0.0)
                 try:
                     self._conn.send_packed_command(self._conn.pack_commands(commands))
@@ -612,30 +610,38 @@ class Reader:
         self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
     ) -> list[tuple[Any, Any]]:
         """One round trip: acknowledgements, a blocking pop on ``keys``, then
-        what else is on them. Returns the popped ``(key, message)`` pairs."""
-        if self._cluster:
-            # All keys of one reader share a slot; the cluster client finds
-            # its node and follows MOVED. Commands one by one.
-            with no_client_retries():
-                for pick, lids in acks:
-                    self._client.zrem(pick, *lids)
-                if not keys:
-                    return []
-                first = self._client.blpop(keys, timeout=block)
-                rest = [(key, self._client.lpop(key, BATCH)) for key in keys] if first else []
-            return popped(first, rest)
+        what else is on them. Returns the popped ``(key, message)`` pairs.
+        On a cluster, the same pipeline goes to the master of the reader's
+        slot (all its keys share that slot)."""
         conn = self._conn
         if conn is None:
-            conn = self._conn = _get_connection(self._client.connection_pool)
+            self._conn_pool = self._round_pool(keys or [pick for pick, _ in acks])
+            conn = self._conn = _get_connection(self._conn_pool)
         commands = round_commands(acks, keys, block)
-        conn.send_packed_command(conn.pack_commands(commands))
         # The blocking read may last `block`, whatever the client's socket
         # timeout: wait for the reply here, then read it. Replies left by
         # the last round's acknowledgements come first.
         wait = block + READ_SLACK
-        self._read(conn, self._unread, wait)
-        self._unread = 0
-        return round_replies(commands, self._read(conn, len(commands), wait))
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+            self._read(conn, self._unread, wait)
+            self._unread = 0
+            replies = self._read(conn, len(commands), wait)
+        except (RedisConnectionError, RedisTimeoutError):
+            if self._cluster:  # the master may be gone: learn the slots again
+                with contextlib.suppress(Exception):
+                    self._client.nodes_manager.initialize()
+            raise
+        if self._cluster and moved(replies):
+            self._client.nodes_manager.initialize()  # learn the new owner of the slot
+        return round_replies(commands, replies)
+
+    def _round_pool(self, keys: list[str]) -> Any:
+        """The connection pool for the reader's rounds: the client's, or the
+        pool of the master that serves ``keys`` on a cluster."""
+        if not self._cluster:
+            return self._client.connection_pool
+        return self._client.get_node_from_key(keys[0]).redis_connection.connection_pool
 
     def _read(self, conn: Any, count: int, wait: float) -> list[Any]:
         """``count`` replies from ``conn``, each within ``wait`` seconds;
@@ -672,13 +678,13 @@ class Reader:
             with contextlib.suppress(Exception):
                 conn.disconnect()
             with contextlib.suppress(Exception):
-                self._client.connection_pool.release(conn)
+                self._conn_pool.release(conn)
 
     def _release_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
-                self._client.connection_pool.release(conn)
+                self._conn_pool.release(conn)
 
 
 #: An inbox item: the reader's lead is yours (if it still is: see Reader.wait).

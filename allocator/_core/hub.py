@@ -19,6 +19,7 @@ import attrs
 from .keys import PICK
 from .liveness import ACK_GIVE_UP, GRACE, PRESENT, alive_ms, silence
 from .pool import Pool
+from .replicas import check_slot
 from .replies import _decode, _tagged, _unexpected, request_of
 from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
 from .steps import RECHECK, Beat, Call, Deliver, Exchange, ReaderStep, Sleep, Subscribe
@@ -395,7 +396,9 @@ def round_replies(
     commands: list[tuple[str | int, ...]], replies: list[Any]
 ) -> list[tuple[Any, Any]]:
     """The messages a round popped, as ``(key, message)`` pairs in order.
-    An error reply (after all replies were read) is raised."""
+    An error reply (after all replies were read) is raised; on a cluster,
+    a MOVED or ASK one as a transient error (:func:`check_slot`)."""
+    check_slot(replies)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

@@ -88,10 +88,7 @@ def confirming(
         replies = yield confirm_commands(call, command)
         if len(replies) != 3:
             raise AllocatorError(f"unexpected replies to a confirmed call: {replies!r}")
-        for item in replies:
-            if isinstance(item, (MovedError, AskError)):
-                # The slot moved or is moving: transient, like TRYAGAIN.
-                raise ClusterError(f"the pool's slot is moving: {item}") from item
+        check_slot(replies)
         script, marker, acked = replies
         for item in (marker, acked):
             if isinstance(item, Exception):
@@ -100,6 +97,16 @@ def confirming(
             error = script
             continue
         reply, replicas = script, int(acked)
+
+
+def check_slot(replies: list[Any]) -> None:
+    """Replies of a pipeline sent to one cluster node: a MOVED or ASK among
+    them (the pool's slot moved, or is moving, to another node) is raised
+    as a transient ``ClusterError``, like TRYAGAIN: the shell has learnt the
+    slots again (:func:`moved`), and the next try goes to the new master."""
+    for item in replies:
+        if isinstance(item, (MovedError, AskError)):
+            raise ClusterError(f"the pool's slot is moving: {item}") from item
 
 
 def moved(replies: list[Any]) -> bool:
