@@ -236,7 +236,7 @@ class Reader:
     left to wait, a task of the reader's own sends what is left to
     acknowledge and ends (an asyncio hop costs no thread switch)."""
 
-    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop, key: str) -> None:
         self.loop = loop
         self._client = client
         self._scripts = scripts()
@@ -255,7 +255,7 @@ class Reader:
         self._conn: Any = None
         #: On a cluster, the node ``_conn`` came from.
         self._node: Any = None
-        self.presence = AsyncPresence(client) if keeps_presence(client) else None
+        self.presence = AsyncPresence(client, key) if keeps_presence(client) else None
 
     @property
     def cid(self) -> str:
@@ -585,5 +585,5 @@ def reader_for(client: Any, pool: Pool) -> Reader:
     readers = _REGISTRY.setdefault(client, {})
     reader = readers.get(where)
     if reader is None or reader.loop is not loop:
-        reader = readers[where] = Reader(client, loop)
+        reader = readers[where] = Reader(client, loop, pool.keys[0])
     return reader

@@ -14,11 +14,12 @@ import threading
 import time
 from typing import Any
 
+import redis.asyncio
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.retry import RETRY_BUDGET, is_transient
-from ._transport import no_client_retries
+from ._transport import is_cluster, no_client_retries
 
 __all__ = ["AsyncPresence", "Presence"]
 
@@ -47,10 +48,16 @@ class Presence:
     pool the client waits in (sharded channels where the server has them:
     SSUBSCRIBE on Redis >= 7 and Valkey, SUBSCRIBE on 6.2). Nothing is ever
     published there; the scripts count its subscribers, and the server
-    drops it the moment this process dies."""
+    drops it the moment this process dies.
 
-    def __init__(self, client: Any) -> None:
+    On a cluster (a reader per hash slot), the connection goes to the
+    master of the reader's slot, ``key``'s, where its scripts count the
+    subscribers (a sharded channel lives in its slot): found again at each
+    subscription, so that after a failover it goes to the new master."""
+
+    def __init__(self, client: Any, key: str) -> None:
         self._client = client
+        self._key = key
         self._pubsub: Any = None
         self._sharded = True
         self._lock = threading.Lock()
@@ -110,8 +117,11 @@ class Presence:
         """A PubSub on a connection of its own (not the pool's: nothing is
         read from it but confirmations), whose connect and reads are bounded
         by ``budget``: a hung server costs a waiter no more than that."""
-        pubsub = self._client.pubsub()
-        pool = self._client.connection_pool
+        target = self._client
+        if is_cluster(target):
+            target = target.get_node_from_key(self._key).redis_connection
+        pubsub = target.pubsub()
+        pool = target.connection_pool
         conn = pool.connection_class(**pool.connection_kwargs)
         conn.socket_timeout = conn.socket_connect_timeout = budget
         # Connected here, once: through the PubSub, a timed-out handshake
@@ -137,9 +147,13 @@ class AsyncPresence:
     """Same as the sync shell's presence (:class:`Presence`),
     awaitable."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, key: str) -> None:
         self._client = client
+        self._key = key
         self._pubsub: Any = None
+        #: On a cluster: the client of the slot's master that the PubSub
+        #: runs on (the asyncio cluster client has no PubSub of its own).
+        self._node_client: Any = None
         self._sharded = True
         self._lock = asyncio.Lock()
 
@@ -167,13 +181,28 @@ class AsyncPresence:
 
     async def _close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
+        node_client, self._node_client = self._node_client, None
+        for closing in (pubsub, node_client):
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await (closing.aclose() if hasattr(closing, "aclose") else closing.close())
+
+    async def _new_pubsub(self) -> Any:
+        """A PubSub of the client, or on a cluster of a client of the
+        master of the reader's slot (found again each time)."""
+        if not is_cluster(self._client):
+            return self._client.pubsub()
+        await self._client.initialize()  # a no-op once the client knows the slots
+        node = self._client.get_node_from_key(self._key)
+        pool = redis.asyncio.ConnectionPool(
+            connection_class=node.connection_class, **node.connection_kwargs
+        )
+        self._node_client = redis.asyncio.Redis(connection_pool=pool)
+        return self._node_client.pubsub()
 
     async def _subscribe(self, channels: list[str], budget: float) -> None:
         if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
+            self._pubsub = await self._new_pubsub()
         if self._sharded:
             try:
                 await self._pubsub.ssubscribe(*channels)
@@ -184,7 +213,7 @@ class AsyncPresence:
                     raise
                 self._sharded = False
                 await self._close()
-                self._pubsub = self._client.pubsub()
+                self._pubsub = await self._new_pubsub()
         await self._pubsub.subscribe(*channels)
         await self._confirm(len(channels), budget)
 

@@ -311,7 +311,7 @@ class Reader:
     rounds; it hands the lead to the first thread that comes to wait.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, key: str) -> None:
         self._client = client
         self._scripts = scripts()
         self._cluster = is_cluster(client)
@@ -337,7 +337,7 @@ class Reader:
         #: last waiter to leave).
         self._unread = 0
         self._closing = False
-        self.presence = Presence(client) if keeps_presence(client) else None
+        self.presence = Presence(client, key) if keeps_presence(client) else None
 
     @property
     def cid(self) -> str:
@@ -740,7 +740,7 @@ def reader_for(client: Any, pool: Pool) -> Reader:
         readers = _REGISTRY.setdefault(client, {})
         reader = readers.get(where)
         if reader is None:
-            reader = readers[where] = Reader(client)
+            reader = readers[where] = Reader(client, pool.keys[0])
         return reader
 
 

@@ -239,12 +239,10 @@ def heartbeat_for(client: Any) -> float:
 
 def keeps_presence(client: Any) -> bool:
     """Whether the allocator keeps a presence (CONTRACT.md section 11) for
-    this client: a server's connection to a real process. Not for fakeredis
-    (one process, nothing to tell apart), nor for a Redis Cluster client
-    yet (its sharded channel would need a connection per slot's node): those
-    are judged by the liveness mark alone."""
-    kind = type(client).__module__
-    return not kind.startswith("fakeredis") and not is_cluster(client)
+    this client: a server's connection to a real process (on a cluster, to
+    the master of each slot it waits in). Not for fakeredis (one process,
+    nothing to tell apart): there the liveness mark alone judges."""
+    return not type(client).__module__.startswith("fakeredis")
 
 
 def is_cluster(client: Any) -> bool:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import redis
+import redis.cluster
 
 from allocator import AcquireTimeout, FairAllocator, LeaseLost
 
@@ -35,7 +36,11 @@ def server_now(client: Any) -> float:
 
 
 def _pool(url: str, name: str, lease_ttl: float) -> tuple[Any, FairAllocator]:
-    client = redis.Redis.from_url(url)
+    """A client of ``url`` (``cluster://host:port``: a Redis Cluster client)."""
+    if url.startswith("cluster://"):
+        client: Any = redis.cluster.RedisCluster.from_url("redis://" + url[len("cluster://") :])
+    else:
+        client = redis.Redis.from_url(url)
     return client, FairAllocator(client, name, lease_ttl=lease_ttl)
 
 

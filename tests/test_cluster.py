@@ -30,10 +30,12 @@ import redis
 import redis.asyncio.cluster
 import redis.cluster
 from _cluster import LocalCluster, Node
+from _workers import Proc, leaser, server_now
 from helpers import LoopThread, SyncView, wait_until
 from redis.cluster import key_slot
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease, UnknownResource
+from allocator._core.liveness import ALIVE_PRESENT
 from allocator._core.pool import Pool
 from allocator._core.steps import Call
 from allocator._scripts import OPERATIONS
@@ -399,6 +401,72 @@ def test_fifo_with_several_waiters(env: Env) -> None:
     assert order == [0, 1, 2, 3]
     tokens = [lease.token for lease in leases]
     assert tokens == sorted(tokens) and tokens[0] > held.token
+
+
+# ---------------------------------------------------------------------------
+# Presence on a cluster (CONTRACT.md section 11): a connection per client and
+# slot, to the slot's master, subscribed to a sharded channel there.
+# ---------------------------------------------------------------------------
+
+
+def presence_channels(node: Node, name: str) -> list[bytes]:
+    """The presence channels of pool ``name`` with a subscriber on ``node``."""
+    found = node.client.execute_command("PUBSUB", "SHARDCHANNELS", f"alloc:{{{name}}}:p:*")
+    return list(found)
+
+
+def test_a_cluster_client_keeps_its_presence_on_the_slots_master(env: Env) -> None:
+    name, node = names_on_every_node(env.cluster, "presence")[2]
+    holder, waiter = env.pool(name), env.pool(name)
+    holder.extend(["r"])
+    held = holder.acquire(timeout=5)
+    job = Job(lambda: waiter.acquire(timeout=30), env)
+    wait_until(lambda: waiting(holder) == 1, what="the waiter queued")
+    wait_until(lambda: len(presence_channels(node, name)) == 2, what="both present on the master")
+    assert all(presence_channels(other, name) == [] for other in env.cluster.nodes if other != node)
+    assert [info.holder_present for info in holder.leases()] == [True]
+    assert holder.status().absent_holders == 0
+    assert holder.release(held) is True
+    got = job.result(10, "the waiter's acquire")
+    assert waiter.release(got) is True
+
+
+#: As in test_presence: what the clock bound allows beyond the contract's
+#: 2 s on a loaded 2-core machine. The mark alone would take 12 s.
+SLACK = 1.0
+
+
+def test_a_cluster_waiter_killed_at_the_head_holds_nobody_up(
+    cluster: LocalCluster, procs: Callable[..., Proc]
+) -> None:
+    name, node = names_on_every_node(cluster, "dead")[0]
+    host, port = cluster.startup
+    client = redis.cluster.RedisCluster(host=host, port=port, decode_responses=True)
+    try:
+        pool = FairAllocator(client, name)
+        pool.extend(["r"])
+        held = pool.acquire(timeout=5)
+        url = f"cluster://{host}:{port}"
+        queued = []
+        for i in (1, 2):
+            worker = procs(leaser, url, name, wait_go=True)
+            worker.expect("ready")
+            worker.send("go")
+            wait_until(lambda i=i: waiting(pool) == i, what=f"{i} waiting")
+            wait_until(lambda i=i: len(presence_channels(node, name)) == 1 + i, what="present")
+            queued.append(worker)
+        dead, after = queued
+        dead.kill()
+        wait_until(lambda: len(presence_channels(node, name)) == 2, what="the master saw it die")
+        killed = server_now(node.client)
+        assert pool.release(held)
+        released = server_now(node.client)
+        lease: Lease = after.expect("granted", timeout=ALIVE_PRESENT)
+        assert lease.granted_at - max(killed, released) < 2.0 + SLACK
+        after.send("release")
+        assert after.expect("released") is True
+    finally:
+        client.close()
 
 
 # ---------------------------------------------------------------------------
