@@ -27,6 +27,7 @@ from allocator.cli.bench.stats import (
     grants_per_worker,
     handoffs,
     jain_index,
+    out_of_arrival_order,
     parse_ticket,
     percentile,
     summarize,
@@ -36,6 +37,15 @@ from allocator.cli.bench.stats import (
 
 def brute_inversions(keys: Sequence[object]) -> int:
     return sum(1 for i, j in itertools.combinations(range(len(keys)), 2) if keys[i] > keys[j])  # type: ignore[operator]
+
+
+def brute_arrival_order(times: Sequence[tuple[int, int]], more_than_ns: int) -> tuple[int, int]:
+    """The definition, grant by grant: the largest lead of a strictly later
+    arrival seen before it; ``(grants with lead > more_than_ns, worst lead)``."""
+    leads = [
+        max((sg - sh for ah, sh in times if ah > ag and sh < sg), default=0) for ag, sg in times
+    ]
+    return sum(1 for d in leads if d > more_than_ns), max(leads, default=0)
 
 
 def brute_fifo(grants: Sequence[tuple[str, float]]) -> int:
@@ -200,6 +210,77 @@ def test_grant_order_mismatches() -> None:
     assert grant_order_mismatches(ok) == 0
     bad = [(2, "1000-0", 1.0), (1, "1000-1", 1.1), (3, "1000-2", 1.2)]
     assert grant_order_mismatches(bad) == 1
+
+
+# --- grants seen out of arrival order ------------------------------------------
+
+MS = 1_000_000
+
+
+def test_arrival_order_in_order_is_zero() -> None:
+    times = [(i * MS, i * MS + 3 * MS) for i in range(50)]
+    random.Random(5).shuffle(times)
+    assert out_of_arrival_order(times, 5 * MS) == (50, 0, 0)
+    assert out_of_arrival_order([], 5 * MS) == (0, 0, 0)
+
+
+def test_arrival_order_later_arrival_6_ms_earlier_counts() -> None:
+    # g arrived first and was seen at 10 ms; h arrived after it, seen at 4 ms.
+    times = [(0, 10 * MS), (1, 4 * MS)]
+    assert out_of_arrival_order(times, 5 * MS) == (2, 1, 6 * MS)
+
+
+def test_arrival_order_4_ms_is_reported_not_counted() -> None:
+    times = [(0, 10 * MS), (1, 6 * MS)]
+    assert out_of_arrival_order(times, 5 * MS) == (2, 0, 4 * MS)
+    # "more than": exactly the threshold does not count either
+    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS)], 5 * MS).late == 0
+    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS - 1)], 5 * MS).late == 1
+
+
+def test_arrival_order_equal_arrivals_never_pass_each_other() -> None:
+    assert out_of_arrival_order([(7, 20 * MS), (7, 3 * MS)], 5 * MS) == (2, 0, 0)
+    # Among equal arrivals the late one is judged by later arrivals only:
+    # (0, 20) is passed by (1, 10) by 10 ms, not by its peer (0, 3) by 17 ms.
+    times = [(0, 20 * MS), (0, 3 * MS), (1, 10 * MS)]
+    assert out_of_arrival_order(times, 5 * MS) == (3, 1, 10 * MS)
+    # ...and both peers are judged against the later one.
+    times = [(0, 10 * MS), (0, 20 * MS), (1, 3 * MS)]
+    assert out_of_arrival_order(times, 5 * MS) == (3, 2, 17 * MS)
+
+
+def test_arrival_order_takes_the_earliest_seen_later_arrival() -> None:
+    # The next arrival passed g by 3 ms only, the one after it by 8 ms: g
+    # counts (comparing with the next arrival alone would miss it); the middle
+    # one is passed by exactly 5 ms, which does not.
+    times = [(0, 20 * MS), (1, 17 * MS), (2, 12 * MS)]
+    assert out_of_arrival_order(times, 5 * MS) == (3, 1, 8 * MS)
+
+
+def test_arrival_order_counts_grants_not_pairs() -> None:
+    # One grant passed by five later arrivals is one grant out of order.
+    times = [(0, 100 * MS)] + [(i, i * MS) for i in range(1, 6)]
+    assert out_of_arrival_order(times, 5 * MS) == (6, 1, 99 * MS)
+
+
+def test_arrival_order_rejects_a_negative_threshold() -> None:
+    with pytest.raises(ValueError):
+        out_of_arrival_order([(0, 1)], -1)
+
+
+def test_arrival_order_matches_the_definition() -> None:
+    rng = random.Random(6)
+    for _ in range(300):
+        n = rng.randrange(0, 30)
+        # coarse arrivals to force ties; seen some time after arrival
+        times = []
+        for _ in range(n):
+            arrival = rng.randrange(0, 10) * MS
+            times.append((arrival, arrival + rng.randrange(0, 15) * MS + rng.randrange(0, 3)))
+        for threshold in (0, 5 * MS, 9 * MS):
+            got = out_of_arrival_order(times, threshold)
+            assert (got.late, got.worst_ns) == brute_arrival_order(times, threshold)
+            assert got.grants == n
 
 
 # --- Jain -------------------------------------------------------------------------
