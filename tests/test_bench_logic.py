@@ -215,38 +215,39 @@ def test_grant_order_mismatches() -> None:
 # --- grants seen out of arrival order ------------------------------------------
 
 MS = 1_000_000
+EVER = (-(2**62), 2**62)  # a window that holds every arrival
 
 
 def test_arrival_order_in_order_is_zero() -> None:
     times = [(i * MS, i * MS + 3 * MS) for i in range(50)]
     random.Random(5).shuffle(times)
-    assert out_of_arrival_order(times, 5 * MS) == (50, 0, 0)
-    assert out_of_arrival_order([], 5 * MS) == (0, 0, 0)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (50, 0, 0)
+    assert out_of_arrival_order([], 5 * MS, *EVER) == (0, 0, 0)
 
 
 def test_arrival_order_later_arrival_6_ms_earlier_counts() -> None:
     # g arrived first and was seen at 10 ms; h arrived after it, seen at 4 ms.
     times = [(0, 10 * MS), (1, 4 * MS)]
-    assert out_of_arrival_order(times, 5 * MS) == (2, 1, 6 * MS)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (2, 1, 6 * MS)
 
 
 def test_arrival_order_4_ms_is_reported_not_counted() -> None:
     times = [(0, 10 * MS), (1, 6 * MS)]
-    assert out_of_arrival_order(times, 5 * MS) == (2, 0, 4 * MS)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (2, 0, 4 * MS)
     # "more than": exactly the threshold does not count either
-    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS)], 5 * MS).late == 0
-    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS - 1)], 5 * MS).late == 1
+    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS)], 5 * MS, *EVER).late == 0
+    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS - 1)], 5 * MS, *EVER).late == 1
 
 
 def test_arrival_order_equal_arrivals_never_pass_each_other() -> None:
-    assert out_of_arrival_order([(7, 20 * MS), (7, 3 * MS)], 5 * MS) == (2, 0, 0)
+    assert out_of_arrival_order([(7, 20 * MS), (7, 3 * MS)], 5 * MS, *EVER) == (2, 0, 0)
     # Among equal arrivals the late one is judged by later arrivals only:
     # (0, 20) is passed by (1, 10) by 10 ms, not by its peer (0, 3) by 17 ms.
     times = [(0, 20 * MS), (0, 3 * MS), (1, 10 * MS)]
-    assert out_of_arrival_order(times, 5 * MS) == (3, 1, 10 * MS)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (3, 1, 10 * MS)
     # ...and both peers are judged against the later one.
     times = [(0, 10 * MS), (0, 20 * MS), (1, 3 * MS)]
-    assert out_of_arrival_order(times, 5 * MS) == (3, 2, 17 * MS)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (3, 2, 17 * MS)
 
 
 def test_arrival_order_takes_the_earliest_seen_later_arrival() -> None:
@@ -254,18 +255,30 @@ def test_arrival_order_takes_the_earliest_seen_later_arrival() -> None:
     # counts (comparing with the next arrival alone would miss it); the middle
     # one is passed by exactly 5 ms, which does not.
     times = [(0, 20 * MS), (1, 17 * MS), (2, 12 * MS)]
-    assert out_of_arrival_order(times, 5 * MS) == (3, 1, 8 * MS)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (3, 1, 8 * MS)
 
 
 def test_arrival_order_counts_grants_not_pairs() -> None:
     # One grant passed by five later arrivals is one grant out of order.
     times = [(0, 100 * MS)] + [(i, i * MS) for i in range(1, 6)]
-    assert out_of_arrival_order(times, 5 * MS) == (6, 1, 99 * MS)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (6, 1, 99 * MS)
+
+
+def test_arrival_order_counts_arrivals_in_the_window_only() -> None:
+    # The grant that arrived at 10 ms is passed by the one that arrived at 20.
+    times = [(10 * MS, 30 * MS), (20 * MS, 12 * MS), (30 * MS, 31 * MS), (40 * MS, 32 * MS)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (4, 1, 18 * MS)
+    # The passed grant outside the window, then its passer outside it.
+    assert out_of_arrival_order(times, 5 * MS, 11 * MS, 100 * MS) == (3, 0, 0)
+    assert out_of_arrival_order(times, 5 * MS, 0, 20 * MS) == (1, 0, 0)
+    # [start, end): an arrival at start is in, one at end is out
+    assert out_of_arrival_order(times, 5 * MS, 10 * MS, 21 * MS) == (2, 1, 18 * MS)
+    assert out_of_arrival_order(times, 5 * MS, 10 * MS, 20 * MS) == (1, 0, 0)
 
 
 def test_arrival_order_rejects_a_negative_threshold() -> None:
     with pytest.raises(ValueError):
-        out_of_arrival_order([(0, 1)], -1)
+        out_of_arrival_order([(0, 1)], -1, *EVER)
 
 
 def test_arrival_order_matches_the_definition() -> None:
@@ -278,7 +291,7 @@ def test_arrival_order_matches_the_definition() -> None:
             arrival = rng.randrange(0, 10) * MS
             times.append((arrival, arrival + rng.randrange(0, 15) * MS + rng.randrange(0, 3)))
         for threshold in (0, 5 * MS, 9 * MS):
-            got = out_of_arrival_order(times, threshold)
+            got = out_of_arrival_order(times, threshold, *EVER)
             assert (got.late, got.worst_ns) == brute_arrival_order(times, threshold)
             assert got.grants == n
 

@@ -93,10 +93,10 @@ class RunResult:
         return fifo_violations((s.ticket, s.granted_at) for s in self.samples)
 
     def arrival_order(self) -> ArrivalOrder:
-        """Grants of this run seen out of arrival order by more than
-        :data:`ORDER_SLACK_NS`, as the workers' clocks saw them."""
+        """Grants of this run's window seen out of arrival order by more
+        than :data:`ORDER_SLACK_NS`, as the workers' clocks saw them."""
         return out_of_arrival_order(
-            ((s.t_wait, s.t_acquired) for s in self.samples), ORDER_SLACK_NS
+            ((s.t_wait, s.t_acquired) for s in self.samples), ORDER_SLACK_NS, *self.window
         )
 
     def details(self) -> dict[str, Any]:

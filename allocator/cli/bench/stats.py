@@ -202,7 +202,9 @@ class ArrivalOrder(NamedTuple):
     worst_ns: int
 
 
-def out_of_arrival_order(times: Iterable[tuple[int, int]], more_than_ns: int) -> ArrivalOrder:
+def out_of_arrival_order(
+    times: Iterable[tuple[int, int]], more_than_ns: int, start_ns: int, end_ns: int
+) -> ArrivalOrder:
     """Grants seen out of arrival order, from ``(arrival, seen)`` pairs in ns.
 
     ``arrival``: the client started its acquire; ``seen``: the acquire
@@ -211,6 +213,9 @@ def out_of_arrival_order(times: Iterable[tuple[int, int]], more_than_ns: int) ->
     and were seen before it: a later arrival was served ``d`` before it.
     Counts the grants with ``d > more_than_ns``; equal arrivals never pass
     each other. As seen by the clients, so scheduling delays count too.
+    Only grants that arrived in ``[start, end)`` count, as g or as h: a
+    worker's first acquire (before the window) sets up its client, and the
+    order it reaches the server in is not the order it started in.
 
     O(n log n): sorted by arrival, then a sweep from the latest arrival back,
     keeping the earliest ``seen`` of the arrivals after the current one (the
@@ -221,7 +226,7 @@ def out_of_arrival_order(times: Iterable[tuple[int, int]], more_than_ns: int) ->
     # Sorted by (arrival, seen), swept backwards: among equal arrivals the
     # later seen comes first, so a grant meets its peers only as leads <= 0
     # and equal arrivals never pass each other without a separate test.
-    ordered = sorted(times)
+    ordered = sorted(t for t in times if start_ns <= t[0] < end_ns)
     late = worst = 0
     earliest_later: int | None = None  # min seen over the arrivals swept so far
     for _, seen in reversed(ordered):
