@@ -276,6 +276,43 @@ def test_arrival_order_counts_arrivals_in_the_window_only() -> None:
     assert out_of_arrival_order(times, 5 * MS, 10 * MS, 20 * MS) == (1, 0, 0)
 
 
+def test_arrival_order_row_adds_runs_up_within_their_windows() -> None:
+    from types import SimpleNamespace
+
+    from allocator.cli.bench.base import RunResult
+    from allocator.cli.bench.contended import Contended
+
+    def run(kind: str, window: tuple[int, int], times: list[tuple[int, int]]) -> RunResult:
+        samples = [sample(0, a, s, s + 1, s + 2) for a, s in times]
+        return RunResult(kind, 8, 1, samples, window, [], 0.0)
+
+    # Run 1: a grant passed by 6 ms in the window, one passed by 40 ms before it.
+    early = [(0, 50 * MS), (1, 10 * MS)]
+    lib1 = run(
+        "library", (100 * MS, 200 * MS), [*early, (100 * MS, 116 * MS), (101 * MS, 110 * MS)]
+    )
+    # Run 2 (another clock origin): one passed by 9 ms, one by 4 ms.
+    lib2 = run("library", (0, 100 * MS), [(0, 19 * MS), (1, 10 * MS), (2, 30 * MS), (3, 26 * MS)])
+    tok = run("tokens", (0, 100 * MS), [(0, 30 * MS), (1, 10 * MS)])
+    bench = SimpleNamespace(library_runs=[lib1, lib2], token_runs=[tok], details={}, rows=[])
+    bench.add = bench.rows.append
+    Contended._arrival_order_row(bench)  # type: ignore[arg-type]
+    (row,) = bench.rows
+    assert (row.key, row.value, row.baseline) == ("3c", 2.0, 1.0)
+    assert row.text == "2 in 6 grants, worst 9.00 ms"
+    assert row.baseline_name == "token list, worst 20.00 ms"
+    assert row.passed is False
+    lib = bench.details["arrival_order"]["library"]
+    assert lib == {"more_than_ns": 5 * MS, "grants": 6, "late": 2, "worst_ns": 9 * MS}
+    # in order: the row passes
+    in_order = run("library", (0, 100 * MS), [(0, 1), (1, 2)])
+    bench = SimpleNamespace(library_runs=[in_order], token_runs=[], details={}, rows=[])
+    bench.add = bench.rows.append
+    Contended._arrival_order_row(bench)  # type: ignore[arg-type]
+    assert bench.rows[0].passed is True
+    assert bench.rows[0].baseline is None
+
+
 def test_arrival_order_rejects_a_negative_threshold() -> None:
     with pytest.raises(ValueError):
         out_of_arrival_order([(0, 1)], -1, *EVER)

@@ -321,9 +321,10 @@ class Contended(BenchBase):
         }
         runs = len(self.library_runs)
         note = (
-            f"a grant counts when a process that started its acquire later saw its own "
+            f"a grant counts when a process that started its acquire after it saw its own "
             f"acquire return more than {slack} earlier (client clocks, so scheduling "
-            f"delays count too); over {runs} contended run{'' if runs == 1 else 's'}"
+            f"delays count too); acquires started in the measuring window of {runs} "
+            f"contended run{'' if runs == 1 else 's'}"
         )
         if tok is not None:
             note += f" each; token list: {tok.late} in {tok.grants:,} grants"
