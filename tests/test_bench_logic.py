@@ -27,6 +27,7 @@ from allocator.cli.bench.stats import (
     grants_per_worker,
     handoffs,
     jain_index,
+    out_of_arrival_order,
     parse_ticket,
     percentile,
     summarize,
@@ -36,6 +37,15 @@ from allocator.cli.bench.stats import (
 
 def brute_inversions(keys: Sequence[object]) -> int:
     return sum(1 for i, j in itertools.combinations(range(len(keys)), 2) if keys[i] > keys[j])  # type: ignore[operator]
+
+
+def brute_arrival_order(times: Sequence[tuple[int, int]], more_than_ns: int) -> tuple[int, int]:
+    """The definition, grant by grant: the largest lead of a strictly later
+    arrival seen before it; ``(grants with lead > more_than_ns, worst lead)``."""
+    leads = [
+        max((sg - sh for ah, sh in times if ah > ag and sh < sg), default=0) for ag, sg in times
+    ]
+    return sum(1 for d in leads if d > more_than_ns), max(leads, default=0)
 
 
 def brute_fifo(grants: Sequence[tuple[str, float]]) -> int:
@@ -200,6 +210,127 @@ def test_grant_order_mismatches() -> None:
     assert grant_order_mismatches(ok) == 0
     bad = [(2, "1000-0", 1.0), (1, "1000-1", 1.1), (3, "1000-2", 1.2)]
     assert grant_order_mismatches(bad) == 1
+
+
+# --- grants seen out of arrival order ------------------------------------------
+
+MS = 1_000_000
+EVER = (-(2**62), 2**62)  # a window that holds every arrival
+
+
+def test_arrival_order_in_order_is_zero() -> None:
+    times = [(i * MS, i * MS + 3 * MS) for i in range(50)]
+    random.Random(5).shuffle(times)
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (50, 0, 0)
+    assert out_of_arrival_order([], 5 * MS, *EVER) == (0, 0, 0)
+
+
+def test_arrival_order_later_arrival_6_ms_earlier_counts() -> None:
+    # g arrived first and was seen at 10 ms; h arrived after it, seen at 4 ms.
+    times = [(0, 10 * MS), (1, 4 * MS)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (2, 1, 6 * MS)
+
+
+def test_arrival_order_4_ms_is_reported_not_counted() -> None:
+    times = [(0, 10 * MS), (1, 6 * MS)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (2, 0, 4 * MS)
+    # "more than": exactly the threshold does not count either
+    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS)], 5 * MS, *EVER).late == 0
+    assert out_of_arrival_order([(0, 10 * MS), (1, 5 * MS - 1)], 5 * MS, *EVER).late == 1
+
+
+def test_arrival_order_equal_arrivals_never_pass_each_other() -> None:
+    assert out_of_arrival_order([(7, 20 * MS), (7, 3 * MS)], 5 * MS, *EVER) == (2, 0, 0)
+    # Among equal arrivals the late one is judged by later arrivals only:
+    # (0, 20) is passed by (1, 10) by 10 ms, not by its peer (0, 3) by 17 ms.
+    times = [(0, 20 * MS), (0, 3 * MS), (1, 10 * MS)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (3, 1, 10 * MS)
+    # ...and both peers are judged against the later one.
+    times = [(0, 10 * MS), (0, 20 * MS), (1, 3 * MS)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (3, 2, 17 * MS)
+
+
+def test_arrival_order_takes_the_earliest_seen_later_arrival() -> None:
+    # The next arrival passed g by 3 ms only, the one after it by 8 ms: g
+    # counts (comparing with the next arrival alone would miss it); the middle
+    # one is passed by exactly 5 ms, which does not.
+    times = [(0, 20 * MS), (1, 17 * MS), (2, 12 * MS)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (3, 1, 8 * MS)
+
+
+def test_arrival_order_counts_grants_not_pairs() -> None:
+    # One grant passed by five later arrivals is one grant out of order.
+    times = [(0, 100 * MS)] + [(i, i * MS) for i in range(1, 6)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (6, 1, 99 * MS)
+
+
+def test_arrival_order_counts_arrivals_in_the_window_only() -> None:
+    # The grant that arrived at 10 ms is passed by the one that arrived at 20.
+    times = [(10 * MS, 30 * MS), (20 * MS, 12 * MS), (30 * MS, 31 * MS), (40 * MS, 32 * MS)]
+    assert out_of_arrival_order(times, 5 * MS, *EVER) == (4, 1, 18 * MS)
+    # The passed grant outside the window, then its passer outside it.
+    assert out_of_arrival_order(times, 5 * MS, 11 * MS, 100 * MS) == (3, 0, 0)
+    assert out_of_arrival_order(times, 5 * MS, 0, 20 * MS) == (1, 0, 0)
+    # [start, end): an arrival at start is in, one at end is out
+    assert out_of_arrival_order(times, 5 * MS, 10 * MS, 21 * MS) == (2, 1, 18 * MS)
+    assert out_of_arrival_order(times, 5 * MS, 10 * MS, 20 * MS) == (1, 0, 0)
+
+
+def test_arrival_order_row_adds_runs_up_within_their_windows() -> None:
+    from types import SimpleNamespace
+
+    from allocator.cli.bench.base import RunResult
+    from allocator.cli.bench.contended import Contended
+
+    def run(kind: str, window: tuple[int, int], times: list[tuple[int, int]]) -> RunResult:
+        samples = [sample(0, a, s, s + 1, s + 2) for a, s in times]
+        return RunResult(kind, 8, 1, samples, window, [], 0.0)
+
+    # Run 1: a grant passed by 6 ms in the window, one passed by 40 ms before it.
+    early = [(0, 50 * MS), (1, 10 * MS)]
+    lib1 = run(
+        "library", (100 * MS, 200 * MS), [*early, (100 * MS, 116 * MS), (101 * MS, 110 * MS)]
+    )
+    # Run 2 (another clock origin): one passed by 9 ms, one by 4 ms.
+    lib2 = run("library", (0, 100 * MS), [(0, 19 * MS), (1, 10 * MS), (2, 30 * MS), (3, 26 * MS)])
+    tok = run("tokens", (0, 100 * MS), [(0, 30 * MS), (1, 10 * MS)])
+    bench = SimpleNamespace(library_runs=[lib1, lib2], token_runs=[tok], details={}, rows=[])
+    bench.add = bench.rows.append
+    Contended._arrival_order_row(bench)  # type: ignore[arg-type]
+    (row,) = bench.rows
+    assert (row.key, row.value, row.baseline) == ("3c", 2.0, 1.0)
+    assert row.text == "2 in 6 grants, worst 9.00 ms"
+    assert row.baseline_name == "token list, worst 20.00 ms"
+    assert row.passed is False
+    lib = bench.details["arrival_order"]["library"]
+    assert lib == {"more_than_ns": 5 * MS, "grants": 6, "late": 2, "worst_ns": 9 * MS}
+    # in order: the row passes
+    in_order = run("library", (0, 100 * MS), [(0, 1), (1, 2)])
+    bench = SimpleNamespace(library_runs=[in_order], token_runs=[], details={}, rows=[])
+    bench.add = bench.rows.append
+    Contended._arrival_order_row(bench)  # type: ignore[arg-type]
+    assert bench.rows[0].passed is True
+    assert bench.rows[0].baseline is None
+
+
+def test_arrival_order_rejects_a_negative_threshold() -> None:
+    with pytest.raises(ValueError):
+        out_of_arrival_order([(0, 1)], -1, *EVER)
+
+
+def test_arrival_order_matches_the_definition() -> None:
+    rng = random.Random(6)
+    for _ in range(300):
+        n = rng.randrange(0, 30)
+        # coarse arrivals to force ties; seen some time after arrival
+        times = []
+        for _ in range(n):
+            arrival = rng.randrange(0, 10) * MS
+            times.append((arrival, arrival + rng.randrange(0, 15) * MS + rng.randrange(0, 3)))
+        for threshold in (0, 5 * MS, 9 * MS):
+            got = out_of_arrival_order(times, threshold, *EVER)
+            assert (got.late, got.worst_ns) == brute_arrival_order(times, threshold)
+            assert got.grants == n
 
 
 # --- Jain -------------------------------------------------------------------------

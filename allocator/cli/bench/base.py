@@ -17,6 +17,7 @@ from redis.crc import key_slot
 
 from allocator.cli._common import is_cluster
 from allocator.cli.bench.stats import (
+    ArrivalOrder,
     GrantSample,
     Row,
     exclusivity_violations,
@@ -25,6 +26,7 @@ from allocator.cli.bench.stats import (
     grants_per_worker,
     handoffs,
     jain_index,
+    out_of_arrival_order,
     summarize,
     throughput,
 )
@@ -40,11 +42,22 @@ if TYPE_CHECKING:
     from allocator import FairAllocator, Lease
     from allocator.cli.bench import Plan, Progress
 
-__all__ = ["BenchBase", "BenchError", "ConnectionSampler", "Probes", "RunResult"]
+__all__ = [
+    "ORDER_SLACK_NS",
+    "BenchBase",
+    "BenchError",
+    "ConnectionSampler",
+    "Probes",
+    "RunResult",
+]
 
 
 # A waiting task and a held lease must outlive every scenario.
 LONG_TTL = 3600.0
+
+#: A grant counts as seen out of arrival order (figure 3c) when a client that
+#: started its acquire later saw its grant more than this much earlier.
+ORDER_SLACK_NS = 5_000_000
 
 
 class BenchError(Exception):
@@ -79,6 +92,13 @@ class RunResult:
     def fifo(self) -> int:
         return fifo_violations((s.ticket, s.granted_at) for s in self.samples)
 
+    def arrival_order(self) -> ArrivalOrder:
+        """Grants of this run's window seen out of arrival order by more
+        than :data:`ORDER_SLACK_NS`, as the workers' clocks saw them."""
+        return out_of_arrival_order(
+            ((s.t_wait, s.t_acquired) for s in self.samples), ORDER_SLACK_NS, *self.window
+        )
+
     def details(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "kind": self.kind,
@@ -95,6 +115,7 @@ class RunResult:
             "errors": self.errors[:20],
             "error_count": len(self.errors),
             "overlapping_holds": exclusivity_violations(self.samples),
+            "seen_out_of_arrival_order": _arrival_order_dict(self.arrival_order()),
             "redis_commands_per_grant": _per_grant(self.commands, len(self.samples)),
         }
         if self.resources == 1:
@@ -108,6 +129,15 @@ class RunResult:
                     (s.token, s.ticket, s.granted_at) for s in self.samples
                 )
         return out
+
+
+def _arrival_order_dict(found: ArrivalOrder) -> dict[str, int]:
+    return {
+        "more_than_ns": ORDER_SLACK_NS,
+        "grants": found.grants,
+        "late": found.late,
+        "worst_ns": found.worst_ns,
+    }
 
 
 def _summary_dict(values: Iterable[float]) -> dict[str, Any] | None:

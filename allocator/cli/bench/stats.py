@@ -2,8 +2,9 @@
 
 Everything the benchmark concludes goes through these functions, so they are
 unit-tested on their own (``tests/test_bench_logic.py``): percentiles, FIFO
-inversion counting, Jain's fairness index, handoff pairing, throughput windows,
-and the ratio/target verdicts printed in the table.
+inversion counting, grants seen out of arrival order, Jain's fairness index,
+handoff pairing, throughput windows, and the ratio/target verdicts printed in
+the table.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import (
 import attrs
 
 __all__ = [
+    "ArrivalOrder",
     "GrantSample",
     "Handoffs",
     "Row",
@@ -36,6 +38,7 @@ __all__ = [
     "grants_per_worker",
     "handoffs",
     "jain_index",
+    "out_of_arrival_order",
     "parse_ticket",
     "percentile",
     "summarize",
@@ -187,6 +190,55 @@ def grant_order_mismatches(grants: Iterable[tuple[int, str, float]]) -> int:
         (granted_at, parse_ticket(ticket), token) for token, ticket, granted_at in grants
     )
     return count_inversions([token for _, _, token in ordered])
+
+
+class ArrivalOrder(NamedTuple):
+    """What :func:`out_of_arrival_order` found in one run's grants."""
+
+    grants: int
+    #: Grants that a later arrival was served more than the threshold before.
+    late: int
+    #: The largest such lead over all grants, in ns; 0 when none was passed.
+    worst_ns: int
+
+
+def out_of_arrival_order(
+    times: Iterable[tuple[int, int]], more_than_ns: int, start_ns: int, end_ns: int
+) -> ArrivalOrder:
+    """Grants seen out of arrival order, from ``(arrival, seen)`` pairs in ns.
+
+    ``arrival``: the client started its acquire; ``seen``: the acquire
+    returned. Grant g is seen out of order by ``d`` = the largest
+    ``seen(g) - seen(h)`` over grants h that arrived strictly later than g
+    and were seen before it: a later arrival was served ``d`` before it.
+    Counts the grants with ``d > more_than_ns``; equal arrivals never pass
+    each other. As seen by the clients, so scheduling delays count too.
+    Only grants that arrived in ``[start, end)`` count, as g or as h: a
+    worker's first acquire (before the window) sets up its client, and the
+    order it reaches the server in is not the order it started in.
+
+    O(n log n): sorted by arrival, then a sweep from the latest arrival back,
+    keeping the earliest ``seen`` of the arrivals after the current one (the
+    ``h`` that gives the largest ``d``).
+    """
+    if more_than_ns < 0:
+        raise ValueError(f"more_than_ns must not be negative, got {more_than_ns!r}")
+    # Sorted by (arrival, seen), swept backwards: among equal arrivals the
+    # later seen comes first, so a grant meets its peers only as leads <= 0
+    # and equal arrivals never pass each other without a separate test.
+    ordered = sorted(t for t in times if start_ns <= t[0] < end_ns)
+    late = worst = 0
+    earliest_later: int | None = None  # min seen over the arrivals swept so far
+    for _, seen in reversed(ordered):
+        if earliest_later is None or seen < earliest_later:
+            earliest_later = seen
+            continue  # seen before everything after it: passed by nobody
+        lead = seen - earliest_later
+        if lead > worst:
+            worst = lead
+        if lead > more_than_ns:
+            late += 1
+    return ArrivalOrder(grants=len(ordered), late=late, worst_ns=worst)
 
 
 def exclusivity_violations(samples: Iterable[GrantSample]) -> int:
