@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._core.hub import READ_SLACK, Hub, round_commands, round_replies
+from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -233,8 +233,8 @@ class Reader:
     pool whose waiters use that client. The first waiting task leads and
     awaits the rounds itself; when its own message comes, or its time runs
     out, it hands the lead to the task that has waited longest. With nobody
-    left to wait, a task of the reader's own sends what is left to
-    acknowledge and ends (an asyncio hop costs no thread switch)."""
+    left to wait, acknowledgements wait ``ACK_DELAY`` for the next waiter's
+    round, then a task of the reader's own sends them and ends."""
 
     def __init__(self, client: Any, loop: asyncio.AbstractEventLoop, key: str) -> None:
         self.loop = loop
@@ -351,8 +351,8 @@ class Reader:
         while True:
             if inbox is not None and not inbox.empty():
                 return
-            if me is _TASK and self._followers:
-                return
+            if me is _TASK and self.hub.waiting:
+                return  # a waiter leads, or comes to lead
             if deadline is not None and self.loop.time() >= deadline:
                 return
             step = self._advance()
@@ -404,8 +404,9 @@ class Reader:
             self._task = self.loop.create_task(self._run())
 
     async def _run(self) -> None:
-        if self._leader is not None:
-            return
+        await asyncio.sleep(ACK_DELAY)
+        if self._leader is not None or self.hub.waiting:
+            return  # a waiter leads, or comes to lead
         self._leader = _TASK
         try:
             await self._lead(_TASK, None, None)

@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._core.hub import READ_SLACK, Hub, round_commands, round_replies
+from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -302,13 +302,14 @@ class Reader:
     where they (the followers) wait. When the leader's own message comes,
     or its time runs out, it hands the lead to the follower that has
     waited longest. A process with one waiting thread, a worker's common
-    case, so gets its grant without any thread hop. The last waiter to
-    leave sends what is left to acknowledge without waiting for the reply,
-    which the next round reads (a lost acknowledgement costs nothing: the
-    pick-up check puts the grant back on the list, see prelude.lua). Only
-    where that cannot be done (a cluster client, a failed send, a backoff
-    after a failure) a daemon thread, ``allocator-reader``, finishes the
-    rounds; it hands the lead to the first thread that comes to wait.
+    case, so gets its grant without any thread hop.
+
+    The grants a waiter took are acknowledged in the next round. When the
+    last waiter leaves, the acknowledgements wait :data:`ACK_DELAY` for
+    the next waiter's round to carry them (a worker that loops acquire,
+    work, release queues again within milliseconds); if none comes, a
+    daemon thread, ``allocator-reader``, sends them and ends. It never
+    leads while anyone waits.
     """
 
     def __init__(self, client: Any, key: str) -> None:
@@ -333,9 +334,6 @@ class Reader:
         #: The connection pool ``_conn`` came from: the client's, or on a
         #: cluster that of the master of the reader's slot.
         self._conn_pool: Any = None
-        #: Replies still to read on ``_conn`` (acknowledgements sent by the
-        #: last waiter to leave).
-        self._unread = 0
         self._closing = False
         self.presence = Presence(client, key) if keeps_presence(client) else None
 
@@ -441,7 +439,6 @@ class Reader:
             thread.join(self.hub.heartbeat + READ_SLACK)
         with self._lock:
             if not self.hub.waiting and self._leader is None:
-                self._read_unread()
                 self._release_connection()
         if self.presence is not None and not self.hub.waiting:
             self.presence.close()
@@ -470,8 +467,8 @@ class Reader:
             with self._lock:
                 if self._closing or (inbox is not None and not inbox.empty()):
                     return
-                if me is _THREAD and self._followers:
-                    return
+                if me is _THREAD and self.hub.waiting:
+                    return  # a waiter leads, or comes to lead
                 if deadline is not None and time.monotonic() >= deadline:
                     return
                 step = self._advance()
@@ -525,41 +522,21 @@ class Reader:
             inbox.put(_LEAD)
             return
         if not self.hub.waiting:
-            self._wind_up()
-
-    def _wind_up(self) -> None:
-        """Nobody waits: the rounds have only acknowledgements left (and
-        heartbeats with nothing to beat for). Send them without waiting for
-        the reply, or leave them to the thread. Under the lock."""
-        while True:
-            step = self._advance()
-            if step is None:
-                return
-            if isinstance(step, Beat) and not step.calls:
-                self._done([], None)
-            elif isinstance(step, Exchange) and not step.keys and self._conn is not None:
-                commands = round_commands(step.acks, [], 0.0)
-                try:
-                    self._conn.send_packed_command(self._conn.pack_commands(commands))
-                except Exception as exc:
-                    self._drop_connection()
-                    self._done(None, exc)
-                else:
-                    self._unread += len(commands)
-                    self._done([], None)
-            else:
-                self._start_thread()
-                return
+            self._start_thread()
 
     def _start_thread(self) -> None:
+        """Nobody waits, and acknowledgements are left (or a backoff before
+        sending them): the thread sends them after :data:`ACK_DELAY`, unless
+        a waiter's round has taken them by then. Under the lock."""
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="allocator-reader", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
+        time.sleep(ACK_DELAY)
         with self._lock:
-            if self._leader is not None:
-                return
+            if self._leader is not None or self.hub.waiting:
+                return  # a waiter leads, or comes to lead
             self._leader = _THREAD
         try:
             self._lead(_THREAD, None, None)
@@ -619,14 +596,10 @@ class Reader:
             conn = self._conn = _get_connection(self._conn_pool)
         commands = round_commands(acks, keys, block)
         # The blocking read may last `block`, whatever the client's socket
-        # timeout: wait for the reply here, then read it. Replies left by
-        # the last round's acknowledgements come first.
-        wait = block + READ_SLACK
+        # timeout: wait for the reply here, then read it.
         try:
             conn.send_packed_command(conn.pack_commands(commands))
-            self._read(conn, self._unread, wait)
-            self._unread = 0
-            replies = self._read(conn, len(commands), wait)
+            replies = self._read(conn, len(commands), block + READ_SLACK)
         except (RedisConnectionError, RedisTimeoutError):
             if self._cluster:  # the master may be gone: learn the slots again
                 with contextlib.suppress(Exception):
@@ -661,19 +634,8 @@ class Reader:
                 replies.append(exc)
         return replies
 
-    def _read_unread(self) -> None:
-        """Read the replies left on the connection (closing it if they do
-        not come). Under the lock, with nobody leading."""
-        if self._unread and self._conn is not None:
-            try:
-                self._read(self._conn, self._unread, READ_SLACK)
-            except Exception:
-                self._drop_connection()
-        self._unread = 0
-
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
-        self._unread = 0
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.disconnect()

@@ -4,8 +4,9 @@ While threads (or tasks) of one client wait, there is no reader thread:
 the first waiter leads, carrying out the rounds on the client's one
 blocking connection, and the others follow, each woken by the message the
 leader routes to it. When the leader's own message comes, or its time runs
-out, the lead passes to the follower that has waited longest. The last
-waiter to leave sends the acknowledgements without waiting for the reply.
+out, the lead passes to the follower that has waited longest. What the last
+waiter leaves to acknowledge goes with the next waiter's round, or with the
+reader's thread, which never leads while anyone waits.
 
 Each test can fail: with a reader thread, the first sees it; a lead that is
 not handed on strands the followers (their grants are never read); an
@@ -37,18 +38,18 @@ def client(redis_url: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def threads_started(monkeypatch: pytest.MonkeyPatch) -> list[Reader]:
-    """Readers that started their thread (which only finishes rounds that a
-    waiter could not: see Reader)."""
-    started: list[Reader] = []
-    start = Reader._start_thread
+def thread_leads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each time a reader's thread took the lead: whether anyone waited."""
+    seen: list[bool] = []
+    lead = Reader._lead
 
-    def counted(self: Reader) -> None:
-        started.append(self)
-        start(self)
+    def counted(self: Reader, me: Any, inbox: Any, deadline: float | None) -> None:
+        if inbox is None:
+            seen.append(self.hub.waiting)
+        lead(self, me, inbox, deadline)
 
-    monkeypatch.setattr(Reader, "_start_thread", counted)
-    return started
+    monkeypatch.setattr(Reader, "_lead", counted)
+    return seen
 
 
 def blocked_readers(client: Any) -> int:
@@ -69,7 +70,7 @@ def acquire_in_thread(pool: FairAllocator, timeout: float, out: list[Any]) -> th
 
 
 def test_a_lone_waiter_reads_its_own_grant(
-    client: Any, pool_name: str, threads_started: list[Reader]
+    client: Any, pool_name: str, thread_leads: list[bool]
 ) -> None:
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
@@ -82,15 +83,15 @@ def test_a_lone_waiter_reads_its_own_grant(
     assert pool.release(held)
     waiter.join(30)
     assert isinstance(got[0], Lease) and got[0].resource == "r"
-    assert not reader_for(client, pool._pool).reading  # nothing left to read for
     pick = pool._pool.keys[PICK]
     wait_until(lambda: client.zcard(pick) == 0, what="the grant acknowledged")
-    assert threads_started == []
+    wait_until(lambda: not reader_for(client, pool._pool).reading, what="the reading ended")
+    assert thread_leads == [False]  # only to acknowledge, once nobody waited
     assert pool.release(got[0])
 
 
 def test_the_lead_passes_to_the_waiter_that_waited_longest(
-    client: Any, pool_name: str, threads_started: list[Reader]
+    client: Any, pool_name: str, thread_leads: list[bool]
 ) -> None:
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
@@ -117,13 +118,13 @@ def test_the_lead_passes_to_the_waiter_that_waited_longest(
     assert order == [0, 1, 2, 3]
     for thread in threads:
         thread.join(10)
-    assert threads_started == []
     pick = pool._pool.keys[PICK]
     wait_until(lambda: client.zcard(pick) == 0, what="every grant acknowledged")
+    assert True not in thread_leads
 
 
 def test_a_leader_whose_time_runs_out_hands_the_lead_on(
-    client: Any, pool_name: str, threads_started: list[Reader]
+    client: Any, pool_name: str, thread_leads: list[bool]
 ) -> None:
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
@@ -141,7 +142,7 @@ def test_a_leader_whose_time_runs_out_hands_the_lead_on(
     follower.join(30)
     assert second and isinstance(second[0], Lease), "the follower's grant was never read"
     assert pool.release(second[0])
-    assert threads_started == []
+    assert True not in thread_leads
 
 
 def test_asyncio_waiters_lead_in_turn(redis_url: str, pool_name: str) -> None:
