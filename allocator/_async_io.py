@@ -357,11 +357,15 @@ class Reader:
                 return
             step = self._advance()
             if step is None:
+                if self._rounds is None:  # the rounds ended: nobody waits
+                    await self._release_connection()
                 return
             try:
                 reply = await self._carry(step, deadline)
             except Exception as exc:  # handed to the rounds, which decide
-                self._drop_connection()
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await self._discard(conn)
                 self._done(None, exc)
             except BaseException:
                 # Cancelled (the loop shuts down, a caller's own timeout):
@@ -501,8 +505,8 @@ class Reader:
                 await self._client.nodes_manager.initialize()
 
     def _drop_connection(self) -> None:
-        """The connection, whose round failed or was cut short, closed (in
-        a task of its own: a cancelled leader awaits nothing more)."""
+        """The connection, whose round was cut short, closed in a task of
+        its own (a cancelled leader awaits nothing more)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             chore = self.loop.create_task(self._discard(conn))

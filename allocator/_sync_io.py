@@ -473,6 +473,7 @@ class Reader:
                     return
                 step = self._advance()
                 if step is None:
+                    self._release_connection()  # the rounds ended: nobody waits
                     return
             try:
                 reply = self._carry(step, deadline)
