@@ -248,6 +248,22 @@ function P:now_stamp()
   return s
 end
 
+-- An integer (a count, a time in ms) as the decimal text that `..` and
+-- redis.call would write, for less: they turn a number into text with a
+-- printf of %.14g or %.17g (~5-7k instructions); a digit costs a
+-- string.char, any other integer a printf of %d (~3k). nil for a number
+-- that is no integer below 1e14 in size (only damage makes one): the
+-- caller lets Lua or Redis convert it, as before.
+function P.istr(n)
+  if n % 1 ~= 0 or n <= -1e14 or n >= 1e14 then
+    return nil
+  end
+  if n >= 0 and n <= 9 then
+    return string.char(48 + n)
+  end
+  return string.format('%d', n)
+end
+
 -- cap|score|used|fence|state|until|stamp|rcount|rwin|rv
 -- Numbers the grant path needs are converted; the rest stay strings. A
 -- record read once is kept for the rest of the run (a release that hands
@@ -281,7 +297,7 @@ function P:res_load(name, raw)
   else
     r = {
       cap = n, score = score, used = tonumber(used), fence = fence, state = state,
-      untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv,
+      untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv, cs = cap,
     }
     if #fence > 15 and (#fence > 16 or fence >= '9007199254740992') then
       r.stuck = true
@@ -353,12 +369,15 @@ function P:unfree(member, name, r)
 end
 
 -- `fence` is written back as it was loaded unless a grant changed it (then
--- it is an exact string already); numbers set by other paths go through
--- Lua's conversion, which is exact for their sizes (< 14 digits).
+-- it is an exact string already); so is the capacity (`cs`, its text as
+-- loaded: whoever changes `cap` clears it); `used` goes through P.istr;
+-- numbers set by other paths go through Lua's conversion, which is exact
+-- for their sizes (< 14 digits).
 function P:res_save(name, r)
   self.records[name] = r
-  redis.call('HSET', self.RES, name, r.cap .. '|' .. r.score .. '|' .. r.used .. '|' .. r.fence ..
-    '|' .. r.state .. '|' .. r.untl .. '|' .. r.stamp .. '|' .. r.rc .. '|' .. r.rw .. '|' .. r.rv)
+  redis.call('HSET', self.RES, name, (r.cs or r.cap) .. '|' .. r.score .. '|' ..
+    (self.istr(r.used) or r.used) .. '|' .. r.fence .. '|' .. r.state .. '|' .. r.untl .. '|' ..
+    r.stamp .. '|' .. r.rc .. '|' .. r.rw .. '|' .. r.rv)
 end
 
 -- The invariant of FREE: a resource is in it iff it is active, has a free
@@ -391,17 +410,19 @@ end
 -- deadline or end of a quarantine or throttle: the events worth waking a
 -- waiter for. (A pick-up check almost never frees anything, and a reader's
 -- heartbeat meets it within a second.)
-function P:schedule(key, at, member)
-  redis.call('ZADD', key, at, member)
+-- `at`: a number; `text`: the same as P.istr writes it, where the caller
+-- made it already.
+function P:schedule(key, at, member, text)
+  text = text or self.istr(at) or at
+  redis.call('ZADD', key, text, member)
   self:meta()
-  at = tonumber(at)
   if at < self.nd then
     self.nd = at
-    redis.call('HSET', self.META, 'nd', at)
+    redis.call('HSET', self.META, 'nd', text)
   end
   if key ~= self.PICK and at < self.nh then
     self.nh = at
-    redis.call('HSET', self.META, 'nh', at)
+    redis.call('HSET', self.META, 'nh', text)
   end
 end
 
@@ -489,9 +510,10 @@ function P:count_wait(ticket)
     self.mend_figure(done, self.STATS, f, '1')
   end
   if w > 0 then
-    done = redis.pcall('HINCRBY', self.STATS, 'ws', w)
+    local ws = self.istr(w) or w
+    done = redis.pcall('HINCRBY', self.STATS, 'ws', ws)
     if type(done) == 'table' then
-      self.mend_figure(done, self.STATS, 'ws', w)
+      self.mend_figure(done, self.STATS, 'ws', ws)
     end
   end
 end
@@ -565,9 +587,10 @@ function P:corrupt_lease(lid)
     self:shown(lid) .. ' is malformed (gc removes it)')
 end
 
-function P:lease_save(lid, L)
+-- `dl`: the deadline as P.istr writes it (nil: `..` converts it).
+function P:lease_save(lid, L, dl)
   redis.call('HSET', self.RECS, lid, 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted ..
-    '|' .. L.deadline .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res)
+    '|' .. (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res)
 end
 
 function P.lease_reply(L)
@@ -604,7 +627,7 @@ end
 -- A lease counts (is one of its resource's `used`) unless the resource left
 -- the pool or was removed and added again since the grant (token <= rv).
 function P.counted(L, r)
-  return r ~= nil and tonumber(L.token) > tonumber(r.rv)
+  return r ~= nil and (r.rv == '0' or tonumber(L.token) > tonumber(r.rv))
 end
 
 -- End a lease record: release, expiry, revocation, take-back, or a cancel
@@ -782,15 +805,16 @@ end
 -- no stream id is met where it is used (P:peek).
 function P:meta()
   if not self.ld then
-    local m = redis.call('HMGET', self.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg')
-    self.ld = m[1] or '0-0'
-    local nd, nh = tonumber(m[2] or 0), tonumber(m[3] or 0)
+    -- (The hint first: the reply is kept as `hinted`, {tag, key, msg}.)
+    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh')
+    self.ld = m[4] or '0-0'
+    local nd, nh = tonumber(m[5] or 0), tonumber(m[6] or 0)
     self.nd = nd and nd <= 1e15 and nd or 0
     self.nh = nh and nh <= 1e15 and nh or 0
-    if m[4] and not (m[5] and m[6] and string.sub(m[5], 1, #self.SIG) == self.SIG) then
-      m[4] = false
+    if m[1] and not (m[2] and m[3] and string.sub(m[2], 1, #self.SIG) == self.SIG) then
+      m[1] = false
     end
-    self.hinted = {m[4], m[5], m[6]}
+    self.hinted = m
   end
 end
 
@@ -1118,8 +1142,9 @@ function P:grant(t, best, self_lid)
   -- The floor is the common case; a second grant in the same microsecond
   -- (capacity > 1) takes the next number.
   local token = self.now_s
-  if tonumber(r.fence) >= self.now_us then
-    token = string.format('%.0f', tonumber(r.fence) + 1)
+  local fence = tonumber(r.fence)
+  if fence >= self.now_us then
+    token = string.format('%.0f', fence + 1)
     if tonumber(token) >= 9007199254740992 then
       -- The last token it can give (P:res_load): no more grants, from
       -- this run on.
@@ -1137,6 +1162,7 @@ function P:grant(t, best, self_lid)
   self:res_save(name, r)
 
   local deadline = self.now + (t.tn or tonumber(t.t))
+  local dl = self.istr(deadline)
   local L = {
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
     cid = t.c, pickup = '0', res = name,
@@ -1148,8 +1174,8 @@ function P:grant(t, best, self_lid)
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))
     self:schedule(self.PICK, self.now + self.PICKUP_MS, t.l)
   end
-  self:lease_save(t.l, L)
-  self:schedule(self.EXP, deadline, t.l)
+  self:lease_save(t.l, L, dl)
+  self:schedule(self.EXP, deadline, t.l, dl)
 
   if binding then
     if binding == 'hit' then
