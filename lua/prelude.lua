@@ -10,62 +10,32 @@
 -- converting a number to a string ~5k: records keep their fields as strings
 -- and only the fields that change are converted.
 
-local P = {
-  META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
-  Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
-  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
-  SIG = KEYS[16],
-  -- The caller's own signal list, where a script declares it (acquire,
-  -- poll, cancel).
-  OWN = KEYS[17],
-  -- A grant pushed to a waiter's signal list is checked this long after, and
-  -- again as long as its client's reader has not acknowledged it: while the
-  -- client is alive, the grant is put back on its list if a lost reply took
-  -- it; once the client's liveness has run out, the grant is taken back.
-  PICKUP_MS = 2000,
-  -- A client that keeps a presence (its id starts with 'p.': a connection
-  -- subscribed to its channel, lua/README.md) and that a run has found
-  -- absent, no subscriber on that channel, is gone this long after it was
-  -- first found so: long enough for a reconnect (a restart or a failover
-  -- drops every connection at once), short enough that a dead waiter holds
-  -- nobody up for long. GRACE in allocator/_core/liveness.py.
-  GRACE_MS = 1000,
-  -- Dead tickets dropped from the head of the queue per script run, so that
-  -- a crowd of dead waiters never blocks the server; whoever runs next goes
-  -- on (a waiter's reply says "look again now").
-  DROP_LIMIT = 500,
-  -- Hints are pushed only for events this close; a waiter looks again by
-  -- itself at least this often (HEARTBEAT in _core.py), so a later event is
-  -- met then, at no cost to the grant path.
-  HORIZON_MS = 1000,
-  -- Expired leases and ended quarantines handled per pass on a hot path;
-  -- gc() loops until everything due is handled.
-  BATCH = 64,
-  -- Counters of this run, reported by gc(); `more`: dispatch stopped at
-  -- DROP_LIMIT with dead tickets left at the head.
-  reclaimed = 0, dropped = 0, more = false,
-  -- Resource records read in this run, by name (false: not in the pool).
-  records = {},
-  -- Set later in the run (the clock below; META by P:meta; P:hint,
-  -- P:now_stamp), named here so that the table is made at its full size:
-  -- growing it past 32 fields mid-run would rehash it (~10k instructions).
-  now_us = 0, now = 0, now_s = '', ld = false, nd = 0, nh = 0, hinted = false,
-  self_hint = false, stamp = false,
-  -- Set by a reader's heartbeat: dispatch looks at the head even when
-  -- nothing is free, so that a dead head's grace starts at once.
-  look = false,
-}
-
--- Every deadline is on the server's clock. Scripts are replicated by their
--- effects, so reading TIME here is safe. `now_s` is the time in us as an
--- exact string (Lua's own conversion keeps only 14 digits), made without a
--- string.format: every number formatted costs a printf (~2-5k instructions),
--- and most runs need none (see P:now_stamp).
+-- The state of one call: the keys, the clock, the resource records read in
+-- this run (by name; false: not in the pool). Every time is the server's.
+-- Scripts are replicated by their effects, so reading TIME here is safe.
+-- `now_s` is the time in us as an exact string (Lua's own conversion keeps
+-- only 14 digits), made without a string.format: every number formatted
+-- costs a printf (~2-5k instructions), and most runs need none (see
+-- P:now_stamp). Only what every call needs is made here: each field of this
+-- table costs ~500 instructions per call (callgrind). What a run sets later
+-- (META by P:meta, P:hint, P:now_stamp, the counters) starts from its
+-- default below, among the helpers, and at most 32 fields in all keep the
+-- table from growing mid-run (a rehash, ~10k instructions).
+local P
 do
   local t = redis.call('TIME')
-  P.now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  P.now = math.floor(P.now_us / 1000)
-  P.now_s = t[1] .. string.sub('00000' .. t[2], -6)
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  P = {
+    META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
+    Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
+    ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
+    SIG = KEYS[16],
+    -- The caller's own signal list, where a script declares it (acquire,
+    -- poll, cancel).
+    OWN = KEYS[17],
+    records = {},
+    now_us = us, now = math.floor(us / 1000), now_s = t[1] .. string.sub('00000' .. t[2], -6),
+  }
 end
 
 -- @helpers: above, the state of one call; below, the helpers. As a script
@@ -73,6 +43,43 @@ end
 -- (allocator/_scripts.py) the helpers are defined once, when the library
 -- loads, and each call only builds its state, which finds them through a
 -- metatable. So the helpers keep no state of their own: only `self`.
+
+-- Constants, and the defaults of the state a run sets as it goes (in the
+-- Functions library these are the helpers' own, found through the
+-- metatable until a run sets its own value).
+-- A grant pushed to a waiter's signal list is checked this long after, and
+-- again as long as its client's reader has not acknowledged it: while the
+-- client is alive, the grant is put back on its list if a lost reply took
+-- it; once the client's liveness has run out, the grant is taken back.
+P.PICKUP_MS = 2000
+-- A client that keeps a presence (its id starts with 'p.': a connection
+-- subscribed to its channel, lua/README.md) and that a run has found
+-- absent, no subscriber on that channel, is gone this long after it was
+-- first found so: long enough for a reconnect (a restart or a failover
+-- drops every connection at once), short enough that a dead waiter holds
+-- nobody up for long. GRACE in allocator/_core/liveness.py.
+P.GRACE_MS = 1000
+-- Dead tickets dropped from the head of the queue per script run, so that
+-- a crowd of dead waiters never blocks the server; whoever runs next goes
+-- on (a waiter's reply says "look again now").
+P.DROP_LIMIT = 500
+-- Hints are pushed only for events this close; a waiter looks again by
+-- itself at least this often (HEARTBEAT in _core.py), so a later event is
+-- met then, at no cost to the grant path.
+P.HORIZON_MS = 1000
+-- Expired leases and ended quarantines handled per pass on a hot path;
+-- gc() loops until everything due is handled.
+P.BATCH = 64
+-- Counters of this run, reported by gc(); `more`: dispatch stopped at
+-- DROP_LIMIT with dead tickets left at the head.
+P.reclaimed, P.dropped, P.more = 0, 0, false
+-- META, read by P:meta (`ld` false: not read yet); the hint last given
+-- ({tag, key, msg}); the caller's own hint (P:hint); the time as hex
+-- (P:now_stamp).
+P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+-- Set by a reader's heartbeat: dispatch looks at the head even when
+-- nothing is free, so that a dead head's grace starts at once.
+P.look = false
 
 ---------------------------------------------------------------------------
 -- Checks: what a caller sends, and what the pool's keys hold
