@@ -77,6 +77,8 @@ P.reclaimed, P.dropped, P.more = 0, 0, false
 -- ({tag, key, msg}); the caller's own hint (P:hint); the time as hex
 -- (P:now_stamp).
 P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+-- A released resource kept aside for the queue head (P:settle).
+P.spare = false
 -- Set by a reader's heartbeat: dispatch looks at the head even when
 -- nothing is free, so that a dead head's grace starts at once.
 P.look = false
@@ -394,7 +396,12 @@ end
 function P:place(name, r, restamp)
   local want = r.state == 'a' and r.used < r.cap and not r.stuck
   if r.stamp ~= '' and (restamp or not want) then
-    redis.call('ZREM', self.FREE, r.stamp .. name)
+    if self.spare == name then
+      -- Kept aside (P:settle), never added: granted now.
+      self.spare = false
+    else
+      redis.call('ZREM', self.FREE, r.stamp .. name)
+    end
     r.stamp = ''
   end
   if want and r.stamp == '' then
@@ -466,11 +473,36 @@ end
 
 -- After a lease of r ended: a draining resource leaves with its last lease,
 -- any other goes back into rotation if it has a free slot now.
-function P:settle(name, r)
+-- `spare` (release, when tickets wait): a resource that only now has a free
+-- slot, and would enter FREE, is instead kept aside for the dispatch that
+-- follows in the same run (P.spare): if nothing else is free, the queue head is handed it
+-- straight away, without the ZADD to FREE, its ZREM at the grant and a
+-- save of the record in between; otherwise, or if nobody takes it, it
+-- enters FREE then (P:unspare), exactly as here. Its stamp is set as
+-- P:place would, so that everything in between (P:choose, a binding) sees
+-- it as free. Only a score ZADD reads (P.is_score): a damaged one is left to
+-- P:place, which mends it.
+function P:settle(name, r, spare)
   if r.state == 'd' and r.used <= 0 then
     self:retire(name, r)
     return
   end
+  if spare and r.stamp == '' and r.state == 'a' and r.used < r.cap and not r.stuck and
+      self.is_score(r.score) then
+    r.stamp = self:now_stamp()
+    self.records[name] = r
+    self.spare = name
+    return
+  end
+  self:place(name, r, false)
+  self:res_save(name, r)
+end
+
+-- The resource kept aside by P:settle enters FREE, and its record is saved.
+function P:unspare()
+  local name = self.spare
+  local r = self.records[name]
+  self.spare, r.stamp = false, ''
   self:place(name, r, false)
   self:res_save(name, r)
 end
@@ -1205,14 +1237,35 @@ end
 -- Returns the caller's lease if the caller (self_lid) was served; the
 -- caller is never pushed to: its reply carries the grant. The caller is
 -- always last in line, so serving it ends the loop.
-function P:dispatch(self_lid)
-  if not self_lid and self:waiting() <= 0 then
+-- `waits`: the caller has just found that tickets wait (P:waiting).
+function P:dispatch(self_lid, waits)
+  local L = self:serve(self_lid, waits)
+  if self.spare then
+    self:unspare()
+  end
+  return L
+end
+
+-- The loop of P:dispatch. A resource kept aside by P:settle (P.spare) is
+-- the best free one if FREE is empty: it has the newest stamp of all, so
+-- any member of FREE would come first; then it enters FREE before anything
+-- else is looked at, as it would have without being kept aside.
+function P:serve(self_lid, waits)
+  if not self_lid and not waits and self:waiting() <= 0 then
     return nil
   end
   self:meta()
   local drops = 0
   while true do
     local best = redis.call('ZRANGE', self.FREE, '0', '0')[1]
+    if self.spare then
+      if best then
+        self:unspare()
+        best = redis.call('ZRANGE', self.FREE, '0', '0')[1]
+      else
+        best = self.records[self.spare].stamp .. self.spare
+      end
+    end
     -- Nobody can be served: only the head needs telling, and (unless it is
     -- the caller) only of an event nearer than its heartbeat.
     if not best and not self_lid and not self.look and self.nh > self.now + self.HORIZON_MS then
@@ -1267,6 +1320,9 @@ function P:dispatch(self_lid)
       -- quarantined, throttled (rate budget spent), draining and full ones
       -- are not in it (P:free_ok makes sure no stale member counts).
       local n = tonumber(t.n)
+      if self.spare then
+        self:unspare()
+      end
       if redis.call('ZCARD', self.FREE) < n or not self:free_ok(n) then
         self:hint(t, self_lid)
         return nil
