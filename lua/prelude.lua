@@ -475,13 +475,13 @@ end
 -- any other goes back into rotation if it has a free slot now.
 -- `spare` (release, when tickets wait): a resource that only now has a free
 -- slot, and would enter FREE, is instead kept aside for the dispatch that
--- follows in the same run (P.spare): if nothing else is free, the queue head is handed it
--- straight away, without the ZADD to FREE, its ZREM at the grant and a
--- save of the record in between; otherwise, or if nobody takes it, it
--- enters FREE then (P:unspare), exactly as here. Its stamp is set as
--- P:place would, so that everything in between (P:choose, a binding) sees
--- it as free. Only a score ZADD reads (P.is_score): a damaged one is left to
--- P:place, which mends it.
+-- follows in the same run (P.spare): if nothing else is free, the queue
+-- head is handed it straight away, without the ZADD to FREE, its ZREM at
+-- the grant and a save of the record in between; otherwise, or if nobody
+-- takes it, it enters FREE then (P:unspare), exactly as here. Its stamp is
+-- set as P:place would, so that everything in between (P:choose, a
+-- binding) sees it as free. Only with a score ZADD reads (P.is_score): a
+-- damaged one is left to P:place, which mends it.
 function P:settle(name, r, spare)
   if r.state == 'd' and r.used <= 0 then
     self:retire(name, r)
@@ -1247,9 +1247,9 @@ function P:dispatch(self_lid, waits)
 end
 
 -- The loop of P:dispatch. A resource kept aside by P:settle (P.spare) is
--- the best free one if FREE is empty: it has the newest stamp of all, so
--- any member of FREE would come first; then it enters FREE before anything
--- else is looked at, as it would have without being kept aside.
+-- the best free one while FREE is empty; once FREE holds anything (or a
+-- request for several resources is at the head), it enters FREE first and
+-- FREE decides, as it would have without being kept aside.
 function P:serve(self_lid, waits)
   if not self_lid and not waits and self:waiting() <= 0 then
     return nil
