@@ -110,5 +110,6 @@ if serve then
   end
 end
 redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
-redis.call('ZADD', P.ALIVE, P.now + alive, cid)
+local until_ms = P.now + alive
+redis.call('ZADD', P.ALIVE, P.istr(until_ms) or until_ms, cid)
 return {'queued', ticket, P.self_hint or -1}

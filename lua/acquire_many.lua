@@ -86,5 +86,6 @@ if got then
   return P.many_reply(got)
 end
 redis.call('HSET', P.RECS, lid, 'W|' .. ticket)
-redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+local until_ms = P.now + alive_ms
+redis.call('ZADD', P.ALIVE, P.istr(until_ms) or until_ms, cid)
 return {'queued', ticket, P.self_hint or -1}

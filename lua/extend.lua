@@ -46,7 +46,7 @@ for i = 5, #ARGV do
       -- The rate is dropped: so is its log.
       redis.call('ZREMRANGEBYLEX', P.RLOG, '[' .. name .. '\0', '(' .. name .. '\1')
     end
-    r.cap, r.score, r.rc, r.rw = cap, score, rc, rw
+    r.cap, r.cs, r.score, r.rc, r.rw = cap, nil, score, rc, rw
     if r.state == 'd' then
       r.state = 'a'
     end

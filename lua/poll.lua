@@ -31,7 +31,8 @@ if bad then
 end
 n = tonumber(n or '')
 
-redis.call('ZADD', P.ALIVE, P.now + alive_ms, cid)
+local until_ms = P.now + alive_ms
+redis.call('ZADD', P.ALIVE, P.istr(until_ms) or until_ms, cid)
 -- A client that runs its own call lives: whatever absence a run found
 -- (its presence connection dropped, and it subscribes again), its grace
 -- starts anew.

@@ -10,62 +10,32 @@
 -- converting a number to a string ~5k: records keep their fields as strings
 -- and only the fields that change are converted.
 
-local P = {
-  META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
-  Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
-  ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
-  SIG = KEYS[16],
-  -- The caller's own signal list, where a script declares it (acquire,
-  -- poll, cancel).
-  OWN = KEYS[17],
-  -- A grant pushed to a waiter's signal list is checked this long after, and
-  -- again as long as its client's reader has not acknowledged it: while the
-  -- client is alive, the grant is put back on its list if a lost reply took
-  -- it; once the client's liveness has run out, the grant is taken back.
-  PICKUP_MS = 2000,
-  -- A client that keeps a presence (its id starts with 'p.': a connection
-  -- subscribed to its channel, lua/README.md) and that a run has found
-  -- absent, no subscriber on that channel, is gone this long after it was
-  -- first found so: long enough for a reconnect (a restart or a failover
-  -- drops every connection at once), short enough that a dead waiter holds
-  -- nobody up for long. GRACE in allocator/_core/liveness.py.
-  GRACE_MS = 1000,
-  -- Dead tickets dropped from the head of the queue per script run, so that
-  -- a crowd of dead waiters never blocks the server; whoever runs next goes
-  -- on (a waiter's reply says "look again now").
-  DROP_LIMIT = 500,
-  -- Hints are pushed only for events this close; a waiter looks again by
-  -- itself at least this often (HEARTBEAT in _core.py), so a later event is
-  -- met then, at no cost to the grant path.
-  HORIZON_MS = 1000,
-  -- Expired leases and ended quarantines handled per pass on a hot path;
-  -- gc() loops until everything due is handled.
-  BATCH = 64,
-  -- Counters of this run, reported by gc(); `more`: dispatch stopped at
-  -- DROP_LIMIT with dead tickets left at the head.
-  reclaimed = 0, dropped = 0, more = false,
-  -- Resource records read in this run, by name (false: not in the pool).
-  records = {},
-  -- Set later in the run (the clock below; META by P:meta; P:hint,
-  -- P:now_stamp), named here so that the table is made at its full size:
-  -- growing it past 32 fields mid-run would rehash it (~10k instructions).
-  now_us = 0, now = 0, now_s = '', ld = false, nd = 0, nh = 0, hinted = false,
-  self_hint = false, stamp = false,
-  -- Set by a reader's heartbeat: dispatch looks at the head even when
-  -- nothing is free, so that a dead head's grace starts at once.
-  look = false,
-}
-
--- Every deadline is on the server's clock. Scripts are replicated by their
--- effects, so reading TIME here is safe. `now_s` is the time in us as an
--- exact string (Lua's own conversion keeps only 14 digits), made without a
--- string.format: every number formatted costs a printf (~2-5k instructions),
--- and most runs need none (see P:now_stamp).
+-- The state of one call: the keys, the clock, the resource records read in
+-- this run (by name; false: not in the pool). Every time is the server's.
+-- Scripts are replicated by their effects, so reading TIME here is safe.
+-- `now_s` is the time in us as an exact string (Lua's own conversion keeps
+-- only 14 digits), made without a string.format: every number formatted
+-- costs a printf (~2-5k instructions), and most runs need none (see
+-- P:now_stamp). Only what every call needs is made here: each field of this
+-- table costs ~500 instructions per call (callgrind). What a run sets later
+-- (META by P:meta, P:hint, P:now_stamp, the counters) starts from its
+-- default below, among the helpers, and at most 32 fields in all keep the
+-- table from growing mid-run (a rehash, ~10k instructions).
+local P
 do
   local t = redis.call('TIME')
-  P.now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  P.now = math.floor(P.now_us / 1000)
-  P.now_s = t[1] .. string.sub('00000' .. t[2], -6)
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  P = {
+    META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
+    Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
+    ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
+    SIG = KEYS[16],
+    -- The caller's own signal list, where a script declares it (acquire,
+    -- poll, cancel).
+    OWN = KEYS[17],
+    records = {},
+    now_us = us, now = math.floor(us / 1000), now_s = t[1] .. string.sub('00000' .. t[2], -6),
+  }
 end
 
 -- @helpers: above, the state of one call; below, the helpers. As a script
@@ -73,6 +43,45 @@ end
 -- (allocator/_scripts.py) the helpers are defined once, when the library
 -- loads, and each call only builds its state, which finds them through a
 -- metatable. So the helpers keep no state of their own: only `self`.
+
+-- Constants, and the defaults of the state a run sets as it goes (in the
+-- Functions library these are the helpers' own, found through the
+-- metatable until a run sets its own value).
+-- A grant pushed to a waiter's signal list is checked this long after, and
+-- again as long as its client's reader has not acknowledged it: while the
+-- client is alive, the grant is put back on its list if a lost reply took
+-- it; once the client's liveness has run out, the grant is taken back.
+P.PICKUP_MS = 2000
+-- A client that keeps a presence (its id starts with 'p.': a connection
+-- subscribed to its channel, lua/README.md) and that a run has found
+-- absent, no subscriber on that channel, is gone this long after it was
+-- first found so: long enough for a reconnect (a restart or a failover
+-- drops every connection at once), short enough that a dead waiter holds
+-- nobody up for long. GRACE in allocator/_core/liveness.py.
+P.GRACE_MS = 1000
+-- Dead tickets dropped from the head of the queue per script run, so that
+-- a crowd of dead waiters never blocks the server; whoever runs next goes
+-- on (a waiter's reply says "look again now").
+P.DROP_LIMIT = 500
+-- Hints are pushed only for events this close; a waiter looks again by
+-- itself at least this often (HEARTBEAT in _core.py), so a later event is
+-- met then, at no cost to the grant path.
+P.HORIZON_MS = 1000
+-- Expired leases and ended quarantines handled per pass on a hot path;
+-- gc() loops until everything due is handled.
+P.BATCH = 64
+-- Counters of this run, reported by gc(); `more`: dispatch stopped at
+-- DROP_LIMIT with dead tickets left at the head.
+P.reclaimed, P.dropped, P.more = 0, 0, false
+-- META, read by P:meta (`ld` false: not read yet); the hint last given
+-- ({tag, key, msg}); the caller's own hint (P:hint); the time as hex
+-- (P:now_stamp).
+P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+-- A released resource kept aside for the queue head (P:settle).
+P.spare = false
+-- Set by a reader's heartbeat: dispatch looks at the head even when
+-- nothing is free, so that a dead head's grace starts at once.
+P.look = false
 
 ---------------------------------------------------------------------------
 -- Checks: what a caller sends, and what the pool's keys hold
@@ -248,6 +257,22 @@ function P:now_stamp()
   return s
 end
 
+-- An integer (a count, a time in ms) as the decimal text that `..` and
+-- redis.call would write, for less: they turn a number into text with a
+-- printf of %.14g or %.17g (~5-7k instructions); a digit costs a
+-- string.char, any other integer a printf of %d (~3k). nil for a number
+-- that is no integer below 1e14 in size (only damage makes one): the
+-- caller lets Lua or Redis convert it, as before.
+function P.istr(n)
+  if n % 1 ~= 0 or n <= -1e14 or n >= 1e14 then
+    return nil
+  end
+  if n >= 0 and n <= 9 then
+    return string.char(48 + n)
+  end
+  return string.format('%d', n)
+end
+
 -- cap|score|used|fence|state|until|stamp|rcount|rwin|rv
 -- Numbers the grant path needs are converted; the rest stay strings. A
 -- record read once is kept for the rest of the run (a release that hands
@@ -281,7 +306,7 @@ function P:res_load(name, raw)
   else
     r = {
       cap = n, score = score, used = tonumber(used), fence = fence, state = state,
-      untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv,
+      untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv, cs = cap,
     }
     if #fence > 15 and (#fence > 16 or fence >= '9007199254740992') then
       r.stuck = true
@@ -353,12 +378,15 @@ function P:unfree(member, name, r)
 end
 
 -- `fence` is written back as it was loaded unless a grant changed it (then
--- it is an exact string already); numbers set by other paths go through
--- Lua's conversion, which is exact for their sizes (< 14 digits).
+-- it is an exact string already); so is the capacity (`cs`, its text as
+-- loaded: whoever changes `cap` clears it); `used` goes through P.istr;
+-- numbers set by other paths go through Lua's conversion, which is exact
+-- for their sizes (< 14 digits).
 function P:res_save(name, r)
   self.records[name] = r
-  redis.call('HSET', self.RES, name, r.cap .. '|' .. r.score .. '|' .. r.used .. '|' .. r.fence ..
-    '|' .. r.state .. '|' .. r.untl .. '|' .. r.stamp .. '|' .. r.rc .. '|' .. r.rw .. '|' .. r.rv)
+  redis.call('HSET', self.RES, name, (r.cs or r.cap) .. '|' .. r.score .. '|' ..
+    (self.istr(r.used) or r.used) .. '|' .. r.fence .. '|' .. r.state .. '|' .. r.untl .. '|' ..
+    r.stamp .. '|' .. r.rc .. '|' .. r.rw .. '|' .. r.rv)
 end
 
 -- The invariant of FREE: a resource is in it iff it is active, has a free
@@ -368,7 +396,12 @@ end
 function P:place(name, r, restamp)
   local want = r.state == 'a' and r.used < r.cap and not r.stuck
   if r.stamp ~= '' and (restamp or not want) then
-    redis.call('ZREM', self.FREE, r.stamp .. name)
+    if self.spare == name then
+      -- Kept aside (P:settle), never added: granted now.
+      self.spare = false
+    else
+      redis.call('ZREM', self.FREE, r.stamp .. name)
+    end
     r.stamp = ''
   end
   if want and r.stamp == '' then
@@ -391,17 +424,19 @@ end
 -- deadline or end of a quarantine or throttle: the events worth waking a
 -- waiter for. (A pick-up check almost never frees anything, and a reader's
 -- heartbeat meets it within a second.)
-function P:schedule(key, at, member)
-  redis.call('ZADD', key, at, member)
+-- `at`: a number; `text`: the same as P.istr writes it, where the caller
+-- made it already.
+function P:schedule(key, at, member, text)
+  text = text or self.istr(at) or at
+  redis.call('ZADD', key, text, member)
   self:meta()
-  at = tonumber(at)
   if at < self.nd then
     self.nd = at
-    redis.call('HSET', self.META, 'nd', at)
+    redis.call('HSET', self.META, 'nd', text)
   end
   if key ~= self.PICK and at < self.nh then
     self.nh = at
-    redis.call('HSET', self.META, 'nh', at)
+    redis.call('HSET', self.META, 'nh', text)
   end
 end
 
@@ -438,11 +473,36 @@ end
 
 -- After a lease of r ended: a draining resource leaves with its last lease,
 -- any other goes back into rotation if it has a free slot now.
-function P:settle(name, r)
+-- `spare` (release, when tickets wait): a resource that only now has a free
+-- slot, and would enter FREE, is instead kept aside for the dispatch that
+-- follows in the same run (P.spare): if nothing else is free, the queue
+-- head is handed it straight away, without the ZADD to FREE, its ZREM at
+-- the grant and a save of the record in between; otherwise, or if nobody
+-- takes it, it enters FREE then (P:unspare), exactly as here. Its stamp is
+-- set as P:place would, so that everything in between (P:choose, a
+-- binding) sees it as free. Only with a score ZADD reads (P.is_score): a
+-- damaged one is left to P:place, which mends it.
+function P:settle(name, r, spare)
   if r.state == 'd' and r.used <= 0 then
     self:retire(name, r)
     return
   end
+  if spare and r.stamp == '' and r.state == 'a' and r.used < r.cap and not r.stuck and
+      self.is_score(r.score) then
+    r.stamp = self:now_stamp()
+    self.records[name] = r
+    self.spare = name
+    return
+  end
+  self:place(name, r, false)
+  self:res_save(name, r)
+end
+
+-- The resource kept aside by P:settle enters FREE, and its record is saved.
+function P:unspare()
+  local name = self.spare
+  local r = self.records[name]
+  self.spare, r.stamp = false, ''
   self:place(name, r, false)
   self:res_save(name, r)
 end
@@ -489,9 +549,10 @@ function P:count_wait(ticket)
     self.mend_figure(done, self.STATS, f, '1')
   end
   if w > 0 then
-    done = redis.pcall('HINCRBY', self.STATS, 'ws', w)
+    local ws = self.istr(w) or w
+    done = redis.pcall('HINCRBY', self.STATS, 'ws', ws)
     if type(done) == 'table' then
-      self.mend_figure(done, self.STATS, 'ws', w)
+      self.mend_figure(done, self.STATS, 'ws', ws)
     end
   end
 end
@@ -565,9 +626,10 @@ function P:corrupt_lease(lid)
     self:shown(lid) .. ' is malformed (gc removes it)')
 end
 
-function P:lease_save(lid, L)
+-- `dl`: the deadline as P.istr writes it (nil: `..` converts it).
+function P:lease_save(lid, L, dl)
   redis.call('HSET', self.RECS, lid, 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted ..
-    '|' .. L.deadline .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res)
+    '|' .. (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res)
 end
 
 function P.lease_reply(L)
@@ -604,7 +666,7 @@ end
 -- A lease counts (is one of its resource's `used`) unless the resource left
 -- the pool or was removed and added again since the grant (token <= rv).
 function P.counted(L, r)
-  return r ~= nil and tonumber(L.token) > tonumber(r.rv)
+  return r ~= nil and (r.rv == '0' or tonumber(L.token) > tonumber(r.rv))
 end
 
 -- End a lease record: release, expiry, revocation, take-back, or a cancel
@@ -782,15 +844,16 @@ end
 -- no stream id is met where it is used (P:peek).
 function P:meta()
   if not self.ld then
-    local m = redis.call('HMGET', self.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg')
-    self.ld = m[1] or '0-0'
-    local nd, nh = tonumber(m[2] or 0), tonumber(m[3] or 0)
+    -- (The hint first: the reply is kept as `hinted`, {tag, key, msg}.)
+    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh')
+    self.ld = m[4] or '0-0'
+    local nd, nh = tonumber(m[5] or 0), tonumber(m[6] or 0)
     self.nd = nd and nd <= 1e15 and nd or 0
     self.nh = nh and nh <= 1e15 and nh or 0
-    if m[4] and not (m[5] and m[6] and string.sub(m[5], 1, #self.SIG) == self.SIG) then
-      m[4] = false
+    if m[1] and not (m[2] and m[3] and string.sub(m[2], 1, #self.SIG) == self.SIG) then
+      m[1] = false
     end
-    self.hinted = {m[4], m[5], m[6]}
+    self.hinted = m
   end
 end
 
@@ -1118,8 +1181,9 @@ function P:grant(t, best, self_lid)
   -- The floor is the common case; a second grant in the same microsecond
   -- (capacity > 1) takes the next number.
   local token = self.now_s
-  if tonumber(r.fence) >= self.now_us then
-    token = string.format('%.0f', tonumber(r.fence) + 1)
+  local fence = tonumber(r.fence)
+  if fence >= self.now_us then
+    token = string.format('%.0f', fence + 1)
     if tonumber(token) >= 9007199254740992 then
       -- The last token it can give (P:res_load): no more grants, from
       -- this run on.
@@ -1137,6 +1201,7 @@ function P:grant(t, best, self_lid)
   self:res_save(name, r)
 
   local deadline = self.now + (t.tn or tonumber(t.t))
+  local dl = self.istr(deadline)
   local L = {
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
     cid = t.c, pickup = '0', res = name,
@@ -1148,8 +1213,8 @@ function P:grant(t, best, self_lid)
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))
     self:schedule(self.PICK, self.now + self.PICKUP_MS, t.l)
   end
-  self:lease_save(t.l, L)
-  self:schedule(self.EXP, deadline, t.l)
+  self:lease_save(t.l, L, dl)
+  self:schedule(self.EXP, deadline, t.l, dl)
 
   if binding then
     if binding == 'hit' then
@@ -1172,14 +1237,35 @@ end
 -- Returns the caller's lease if the caller (self_lid) was served; the
 -- caller is never pushed to: its reply carries the grant. The caller is
 -- always last in line, so serving it ends the loop.
-function P:dispatch(self_lid)
-  if not self_lid and self:waiting() <= 0 then
+-- `waits`: the caller has just found that tickets wait (P:waiting).
+function P:dispatch(self_lid, waits)
+  local L = self:serve(self_lid, waits)
+  if self.spare then
+    self:unspare()
+  end
+  return L
+end
+
+-- The loop of P:dispatch. A resource kept aside by P:settle (P.spare) is
+-- the best free one while FREE is empty; once FREE holds anything (or a
+-- request for several resources is at the head), it enters FREE first and
+-- FREE decides, as it would have without being kept aside.
+function P:serve(self_lid, waits)
+  if not self_lid and not waits and self:waiting() <= 0 then
     return nil
   end
   self:meta()
   local drops = 0
   while true do
     local best = redis.call('ZRANGE', self.FREE, '0', '0')[1]
+    if self.spare then
+      if best then
+        self:unspare()
+        best = redis.call('ZRANGE', self.FREE, '0', '0')[1]
+      else
+        best = self.records[self.spare].stamp .. self.spare
+      end
+    end
     -- Nobody can be served: only the head needs telling, and (unless it is
     -- the caller) only of an event nearer than its heartbeat.
     if not best and not self_lid and not self.look and self.nh > self.now + self.HORIZON_MS then
@@ -1234,6 +1320,9 @@ function P:dispatch(self_lid)
       -- quarantined, throttled (rate budget spent), draining and full ones
       -- are not in it (P:free_ok makes sure no stale member counts).
       local n = tonumber(t.n)
+      if self.spare then
+        self:unspare()
+      end
       if redis.call('ZCARD', self.FREE) < n or not self:free_ok(n) then
         self:hint(t, self_lid)
         return nil

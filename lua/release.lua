@@ -54,6 +54,12 @@ if quarantine ~= '' and r.state ~= 'd' then
   -- A quarantine started by a release (`qr`; an operator's: quarantine.lua).
   P:add(P.STATS, 'qr', '1')
 end
-P:settle(L.res, r)
-P:dispatch(nil)
+-- With tickets waiting, the resource is kept aside for the queue head, which
+-- takes it if it can (P:settle); else it is settled, and there is nobody to
+-- serve.
+local waits = P:waiting() > 0
+P:settle(L.res, r, waits)
+if waits then
+  P:dispatch(nil, true)
+end
 return {'released'}

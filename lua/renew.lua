@@ -32,9 +32,10 @@ if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
   return {'lost'}
 end
 L.deadline = P.now + ttl
+local dl = P.istr(L.deadline)
 -- Renewing, the holder shows it has the grant.
 P:claim(lid, L, P.SIG .. L.cid)
-P:lease_save(lid, L)
-P:schedule(P.EXP, L.deadline, lid)
+P:lease_save(lid, L, dl)
+P:schedule(P.EXP, L.deadline, lid, dl)
 P:dispatch(nil)
 return {'renewed', L.deadline}
