@@ -27,7 +27,9 @@ from allocator import (
     PoolStatus,
     UnknownResource,
 )
+from allocator._core.hub import Hub
 from allocator._core.keys import _escape
+from allocator._core.liveness import HEARTBEAT
 from allocator._core.pool import Pool
 from allocator._core.replies import _tagged
 from allocator._scripts import OPERATIONS, load_scripts
@@ -251,6 +253,21 @@ def test_messages() -> None:
     assert pool.message_target("garbage") == ""
     assert pool.release_message("h|lid|5") is None
     assert pool.release_message(grant) is not None
+
+
+def test_the_first_round_after_a_failure_is_a_heartbeat() -> None:
+    """A restart or a failover drops every presence: the reader beats (and
+    so subscribes again) as soon as the server answers, not up to a
+    heartbeat later, which left a waiter absent past its grace now and
+    then (test_recovery's appendonly restart lost a place)."""
+    hub = Hub(HEARTBEAT)
+    assert hub.beat_in(100.0) == HEARTBEAT
+    hub.beaten(100.0, [])
+    assert hub.beat_in(100.1) > 0
+    hub.failed(redis.exceptions.ConnectionError("Connection refused"))
+    assert hub.beat_in(100.2) <= 0
+    hub.beaten(100.3, [])
+    assert hub.beat_in(100.4) > 0
 
 
 def test_heartbeat_stays_under_the_socket_timeout() -> None:

@@ -75,6 +75,9 @@ class Hub:
         self._served: dict[str, _Served] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._last_beat: float | None = None
+        #: A round failed since the last heartbeat: beat first when the
+        #: server answers again (see failed()).
+        self._beat_soon = False
         #: The error of the reader's last round while it fails (None once a
         #: round goes through): a waiter whose time runs out meanwhile
         #: chains it to its AcquireTimeout.
@@ -157,6 +160,8 @@ class Hub:
         """Seconds until the next heartbeat is due (<= 0: now)."""
         if self._last_beat is None:
             self._last_beat = now
+        if self._beat_soon:
+            return 0.0
         return self.heartbeat - (now - self._last_beat)
 
     def beats(self) -> list[tuple[str, Call[Beaten]]]:
@@ -182,6 +187,7 @@ class Hub:
         gone, its tickets dropped, its grants taken back)."""
         silent = self._silent(now)
         self._last_beat = now
+        self._beat_soon = False
         inboxes: list[Any] = []
         again = resubscribe = False
         for key, (epoch, probe_ok, more, present) in results:
@@ -213,6 +219,12 @@ class Hub:
         its own call raises the error at once, and the reader backs off
         until they have left or the error has passed."""
         self.trouble = error
+        # The server may have restarted or failed over, which drops every
+        # presence at once: the first thing once it answers again is a
+        # heartbeat, which subscribes the client again if it finds it
+        # absent, well within the grace (a heartbeat due up to a second
+        # later cost a waiter its place now and then).
+        self._beat_soon = True
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
