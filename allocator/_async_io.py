@@ -28,6 +28,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
+from ._core.lead import LEAD, THREAD, Lead, block_for, take_item
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -242,14 +243,7 @@ class Reader:
         self._scripts = scripts()
         self._cluster = is_cluster(client)
         self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
-        #: As the sync reader's: the rounds, the step taken and not yet
-        #: carried out, the last step's result, who leads, who follows.
-        self._rounds: Generator[ReaderStep, Any, None] | None = None
-        self._step: ReaderStep | None = None
-        self._result: tuple[Any, BaseException | None] = (None, None)
-        self._sleep_until: float | None = None
-        self._leader: Any = None
-        self._followers: dict[str, Any] = {}
+        self.lead = Lead(self.hub)
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._conn: Any = None
@@ -286,7 +280,7 @@ class Reader:
 
     def unregister(self, lid: str) -> None:
         self.hub.unregister(lid)
-        self._kick()
+        self._wake(self.lead.kick())
 
     async def wait(self, lid: str, timeout: float | None) -> Any:
         """Same as the sync reader's, awaitable."""
@@ -294,32 +288,23 @@ class Reader:
         inbox = self.hub.inbox(lid)
         try:
             while True:
-                item = _take(inbox)
-                if item is not _LEAD:
+                item = take_item(inbox)
+                if item is not LEAD:
                     return item
-                if self._leader is None or self._leader == lid:
-                    self._leader = lid
-                    self._followers.pop(lid, None)
-                    if self._rounds is None:
-                        self._rounds = self.hub.rounds(self.loop.time)
-                        self._result = (None, None)
+                if self.lead.take(lid, inbox, self.loop.time):
                     await self._lead(lid, inbox, deadline)
                     if inbox.empty():  # its time ran out, or the rounds ended
                         return self.hub.trouble
                     continue
-                self._followers[lid] = inbox
                 span = None if deadline is None else max(deadline - self.loop.time(), 0.0)
                 try:
                     item = await asyncio.wait_for(inbox.get(), span)
                 except TimeoutError:
                     return self.hub.trouble
-                if item is not _LEAD:
+                if item is not LEAD:
                     return item
         finally:
-            self._followers.pop(lid, None)
-            if self._leader == lid:
-                self._leader = None
-                self._kick()
+            self._wake(self.lead.leave(lid))
 
     async def finish(self) -> None:
         """Same as the sync reader's: unless somebody waits on it, let the
@@ -331,7 +316,7 @@ class Reader:
                 await asyncio.wait_for(asyncio.shield(task), self.hub.heartbeat + READ_SLACK)
         if self._chores:
             await asyncio.gather(*self._chores, return_exceptions=True)
-        if not self.hub.waiting and self._leader is None and self._rounds is None:
+        if not self.hub.waiting and self.lead.leader is None and not self.lead.reading:
             await self._release_connection()
         if self.presence is not None and not self.hub.waiting:
             await self.presence.close()
@@ -340,24 +325,16 @@ class Reader:
     @property
     def reading(self) -> bool:
         """Rounds are under way (somebody waits, or is left to acknowledge)."""
-        return self._rounds is not None
+        return self.lead.reading
 
     # -- the lead -------------------------------------------------------------
 
     async def _lead(self, me: Any, inbox: Any, deadline: float | None) -> None:
-        """Same as the sync reader's: the rounds, until ``inbox`` holds
-        something, the ``deadline`` passes or the rounds end (the reader's
-        task: until a waiter comes to take the lead)."""
+        """Same as the sync reader's, awaitable."""
         while True:
-            if inbox is not None and not inbox.empty():
-                return
-            if me is _TASK and self.hub.waiting:
-                return  # a waiter leads, or comes to lead
-            if deadline is not None and self.loop.time() >= deadline:
-                return
-            step = self._advance()
+            step = self.lead.next_step(me, inbox, deadline, self.loop.time())
             if step is None:
-                if self._rounds is None:  # the rounds ended: nobody waits
+                if not self.lead.reading:  # the rounds ended: nobody waits
                     await self._release_connection()
                 return
             try:
@@ -366,7 +343,7 @@ class Reader:
                 conn, self._conn = self._conn, None
                 if conn is not None:
                     await self._discard(conn)
-                self._done(None, exc)
+                self.lead.done(None, exc)
             except BaseException:
                 # Cancelled (the loop shuts down, a caller's own timeout):
                 # the step is left to the next leader, and the connection,
@@ -375,57 +352,31 @@ class Reader:
                 raise
             else:
                 if reply is not _PARTIAL:
-                    self._done(reply, None)
+                    self.lead.done(reply, None)
 
-    def _advance(self) -> ReaderStep | None:
-        """Same as the sync reader's."""
-        if self._step is None:
-            rounds = self._rounds
-            if rounds is None:
-                return None
-            reply, error = self._result
-            try:
-                self._step = rounds.send(reply) if error is None else rounds.throw(error)
-            except StopIteration:
-                self._rounds = None
-                return None
-        return self._step
-
-    def _done(self, reply: Any, error: BaseException | None) -> None:
-        self._step = None
-        self._result = (reply, error)
-
-    def _kick(self) -> None:
-        """Nobody leads: hand the lead to the task that has waited longest;
-        with nobody waiting, the reader's own task finishes the rounds."""
-        if self._leader is not None or self._rounds is None:
-            return
-        if self._followers:
-            lid, inbox = next(iter(self._followers.items()))
-            self._leader = lid
-            inbox.put_nowait(_LEAD)
-        elif not self.hub.waiting and (self._task is None or self._task.done()):
-            self._task = self.loop.create_task(self._run())
+    def _wake(self, whom: Any) -> None:
+        """Same as the sync reader's: hand the lead to a follower, or start
+        the reader's own task."""
+        if whom is THREAD:
+            if self._task is None or self._task.done():
+                self._task = self.loop.create_task(self._run())
+        elif whom is not None:
+            whom.put_nowait(LEAD)
 
     async def _run(self) -> None:
         await asyncio.sleep(ACK_DELAY)
-        if self._leader is not None or self.hub.waiting:
+        if not self.lead.thread_takes():
             return  # a waiter leads, or comes to lead
-        self._leader = _TASK
         try:
-            await self._lead(_TASK, None, None)
+            await self._lead(THREAD, None, None)
         finally:
-            if self._leader is _TASK:
-                self._leader = None
-                self._kick()
+            self._wake(self.lead.leave(THREAD))
 
     async def _carry(self, step: ReaderStep, deadline: float | None) -> Any:
         """Same as the sync reader's, awaitable; a release runs as a task
         of its own, so that the round goes on meanwhile."""
         if isinstance(step, Exchange):
-            block = step.block
-            if deadline is not None and step.keys:
-                block = max(0.01, min(block, deadline - self.loop.time()))
+            block = block_for(step, deadline, self.loop.time())
             return await self._exchange(step.acks, step.keys, block)
         if isinstance(step, Beat):
             return [
@@ -443,15 +394,9 @@ class Reader:
             if self.presence is not None:
                 await self.presence.renew(step.channels)
             return None
-        now = self.loop.time()
-        if self._sleep_until is None:
-            self._sleep_until = now + step.seconds
-        end = self._sleep_until if deadline is None else min(self._sleep_until, deadline)
-        await asyncio.sleep(max(0.0, end - now))
-        if self.loop.time() < self._sleep_until:
-            return _PARTIAL
-        self._sleep_until = None
-        return None
+        seconds, over = self.lead.pause(step.seconds, deadline, self.loop.time())
+        await asyncio.sleep(seconds)
+        return None if over else _PARTIAL
 
     async def _run_step(self, step: Step) -> Any:
         return await run_step(self._client, self._scripts, step, None)
@@ -531,22 +476,8 @@ class Reader:
                 await self._client.connection_pool.release(conn)
 
 
-#: An inbox item: the reader's lead is yours (if it still is: see Reader.wait).
-_LEAD: Any = object()
-#: Who leads when the reader's own task does.
-_TASK: Any = object()
 #: A step a leader could not finish before its deadline.
 _PARTIAL: Any = object()
-
-
-def _take(inbox: Any) -> Any:
-    """The next item of ``inbox`` that is not a stale lead, else
-    :data:`_LEAD` (nothing there)."""
-    while not inbox.empty():
-        item = inbox.get_nowait()
-        if item is not _LEAD:
-            return item
-    return _LEAD
 
 
 def _give_to_node(node: Any, conn: Any) -> None:

@@ -35,6 +35,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
+from ._core.lead import LEAD, THREAD, Lead, block_for, take_item
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -296,20 +297,12 @@ class Reader:
     carries out its :class:`~allocator._core.hub.Hub`'s rounds on one
     connection of the client's, which it holds while anyone waits.
 
-    **The waiter reads its own grant** (leader and followers). There is no
-    reader thread while threads wait: the first waiting thread leads, and
-    runs the rounds itself; messages for the others go to their inboxes,
-    where they (the followers) wait. When the leader's own message comes,
-    or its time runs out, it hands the lead to the follower that has
-    waited longest. A process with one waiting thread, a worker's common
-    case, so gets its grant without any thread hop.
-
-    The grants a waiter took are acknowledged in the next round. When the
-    last waiter leaves, the acknowledgements wait :data:`ACK_DELAY` for
-    the next waiter's round to carry them (a worker that loops acquire,
-    work, release queues again within milliseconds); if none comes, a
-    daemon thread, ``allocator-reader``, sends them and ends. It never
-    leads while anyone waits.
+    The waiter reads its own grant: the first waiting thread leads the
+    rounds, the others follow, and a daemon thread, ``allocator-reader``,
+    only sends what nobody is left to acknowledge
+    (:mod:`allocator._core.lead` decides who does what). A process with one
+    waiting thread, a worker's common case, gets its grant with no thread
+    hop.
     """
 
     def __init__(self, client: Any, key: str) -> None:
@@ -318,17 +311,7 @@ class Reader:
         self._cluster = is_cluster(client)
         self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
         self._lock = threading.Lock()
-        #: The hub's rounds while they run, the step taken from them and
-        #: not yet carried out (the next leader carries it), and what the
-        #: last step gave, to send into the rounds.
-        self._rounds: Generator[ReaderStep, Any, None] | None = None
-        self._step: ReaderStep | None = None
-        self._result: tuple[Any, BaseException | None] = (None, None)
-        self._sleep_until: float | None = None
-        #: Who leads: a waiter's lease id, :data:`_THREAD`, or nobody.
-        self._leader: Any = None
-        #: Waiting threads that do not lead, by lease id, oldest first.
-        self._followers: dict[str, Any] = {}
+        self.lead = Lead(self.hub)
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         #: The connection pool ``_conn`` came from: the client's, or on a
@@ -376,7 +359,7 @@ class Reader:
     def unregister(self, lid: str) -> None:
         with self._lock:
             self.hub.unregister(lid)
-            self._kick()
+            self._wake(self.lead.kick())
 
     def wait(self, lid: str, timeout: float | None) -> Any:
         """The next message for waiter ``lid``, or the reader's trouble
@@ -387,21 +370,13 @@ class Reader:
             inbox = self.hub.inbox(lid)
         try:
             while True:
-                item = _take(inbox)
-                if item is not _LEAD:
+                item = take_item(inbox)
+                if item is not LEAD:
                     return item
                 with self._lock:
-                    lead = self._leader is None or self._leader == lid
-                    if lead:
-                        self._leader = lid
-                        self._followers.pop(lid, None)
-                        if self._rounds is None:
-                            self._rounds = self.hub.rounds(time.monotonic)
-                            self._result = (None, None)
-                            _READERS.add(self)
-                    else:
-                        self._followers[lid] = inbox
-                if lead:
+                    leads = self.lead.take(lid, inbox, time.monotonic)
+                    _READERS.add(self)
+                if leads:
                     self._lead(lid, inbox, deadline)
                     if inbox.empty():  # its time ran out, or the rounds ended
                         return self.hub.trouble
@@ -411,23 +386,18 @@ class Reader:
                 # flag, and a get that blocks for ever would never return
                 # to see it, so the KeyboardInterrupt would not reach this
                 # waiter (it would not leave the queue until a message came).
-                span = (
-                    WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
-                )
+                left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
                 try:
-                    item = inbox.get(timeout=max(span, 0.0))
+                    item = inbox.get(timeout=max(min(WAIT_SLICE, left), 0.0))
                 except queue.Empty:
                     if deadline is not None and time.monotonic() >= deadline:
                         return self.hub.trouble
                     continue
-                if item is not _LEAD:
+                if item is not LEAD:
                     return item
         finally:
             with self._lock:
-                self._followers.pop(lid, None)
-                if self._leader == lid:
-                    self._leader = None
-                    self._kick()
+                self._wake(self.lead.leave(lid))
 
     def finish(self) -> None:
         """Unless somebody waits on it: let the reading end (a thread that
@@ -438,7 +408,7 @@ class Reader:
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.hub.heartbeat + READ_SLACK)
         with self._lock:
-            if not self.hub.waiting and self._leader is None:
+            if not self.hub.waiting and self.lead.leader is None:
                 self._release_connection()
         if self.presence is not None and not self.hub.waiting:
             self.presence.close()
@@ -448,7 +418,7 @@ class Reader:
     @property
     def reading(self) -> bool:
         """Rounds are under way (somebody waits, or is left to acknowledge)."""
-        return self._rounds is not None
+        return self.lead.reading
 
     def close_connection(self) -> None:
         """At exit: end the read in flight; the reading then ends quietly."""
@@ -460,27 +430,22 @@ class Reader:
     # -- the lead -------------------------------------------------------------
 
     def _lead(self, me: Any, inbox: Any, deadline: float | None) -> None:
-        """Carry out the hub's rounds until ``inbox`` holds something, the
-        ``deadline`` passes or the rounds end (the thread: until a waiter
-        comes to take the lead)."""
+        """Carry out the hub's rounds while ``me`` leads
+        (:meth:`~allocator._core.lead.Lead.next_step` says until when)."""
         while True:
             with self._lock:
-                if self._closing or (inbox is not None and not inbox.empty()):
-                    return
-                if me is _THREAD and self.hub.waiting:
-                    return  # a waiter leads, or comes to lead
-                if deadline is not None and time.monotonic() >= deadline:
-                    return
-                step = self._advance()
+                now = time.monotonic()
+                step = None if self._closing else self.lead.next_step(me, inbox, deadline, now)
                 if step is None:
-                    self._release_connection()  # the rounds ended: nobody waits
+                    if not self.lead.reading:  # the rounds ended: nobody waits
+                        self._release_connection()
                     return
             try:
                 reply = self._carry(step, deadline)
             except Exception as exc:  # handed to the rounds, which decide
                 self._drop_connection()
                 with self._lock:
-                    self._done(None, exc)
+                    self.lead.done(None, exc)
             except BaseException:
                 # Interrupted (a KeyboardInterrupt): the step is left to the
                 # next leader, and the connection, a reply perhaps half
@@ -490,62 +455,30 @@ class Reader:
             else:
                 if reply is not _PARTIAL:
                     with self._lock:
-                        self._done(reply, None)
+                        self.lead.done(reply, None)
 
-    def _advance(self) -> ReaderStep | None:
-        """The step to carry out next: one left by the last leader, else the
-        rounds' next (None once they ended). Under the lock."""
-        if self._step is None:
-            rounds = self._rounds
-            if rounds is None:
-                return None
-            reply, error = self._result
-            try:
-                self._step = rounds.send(reply) if error is None else rounds.throw(error)
-            except StopIteration:
-                self._rounds = None
-                return None
-        return self._step
-
-    def _done(self, reply: Any, error: BaseException | None) -> None:
-        self._step = None
-        self._result = (reply, error)
-
-    def _kick(self) -> None:
-        """Nobody leads: hand the lead to the follower that has waited
-        longest; with nobody waiting, finish the rounds. A waiter between
-        two steps of its flow comes back to wait, or leaves. Under the lock."""
-        if self._leader is not None or self._rounds is None:
-            return
-        if self._followers:
-            lid, inbox = next(iter(self._followers.items()))
-            self._leader = lid
-            inbox.put(_LEAD)
-            return
-        if not self.hub.waiting:
-            self._start_thread()
-
-    def _start_thread(self) -> None:
-        """Nobody waits, and acknowledgements are left (or a backoff before
-        sending them): the thread sends them after :data:`ACK_DELAY`, unless
-        a waiter's round has taken them by then. Under the lock."""
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="allocator-reader", daemon=True)
-            self._thread.start()
+    def _wake(self, whom: Any) -> None:
+        """Carry out what the lead decided: hand it to a follower (its
+        inbox), or start the reader's thread. Under the lock."""
+        if whom is THREAD:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="allocator-reader", daemon=True
+                )
+                self._thread.start()
+        elif whom is not None:
+            whom.put(LEAD)
 
     def _run(self) -> None:
         time.sleep(ACK_DELAY)
         with self._lock:
-            if self._leader is not None or self.hub.waiting:
+            if not self.lead.thread_takes():
                 return  # a waiter leads, or comes to lead
-            self._leader = _THREAD
         try:
-            self._lead(_THREAD, None, None)
+            self._lead(THREAD, None, None)
         finally:
             with self._lock:
-                if self._leader is _THREAD:
-                    self._leader = None
-                    self._kick()
+                self._wake(self.lead.leave(THREAD))
 
     def _carry(self, step: ReaderStep, deadline: float | None) -> Any:
         """Carry out a step of the hub's rounds
@@ -553,9 +486,7 @@ class Reader:
         ``deadline``: a shorter blocking read; a pause cut short is
         :data:`_PARTIAL`, to be finished by the next leader."""
         if isinstance(step, Exchange):
-            block = step.block
-            if deadline is not None and step.keys:
-                block = max(0.01, min(block, deadline - time.monotonic()))
+            block = block_for(step, deadline, time.monotonic())
             return self._exchange(step.acks, step.keys, block)
         if isinstance(step, Beat):
             return [(key, run_call(self._client, self._scripts, call)) for key, call in step.calls]
@@ -571,15 +502,9 @@ class Reader:
             if self.presence is not None:
                 self.presence.renew(step.channels)
             return None
-        now = time.monotonic()
-        if self._sleep_until is None:
-            self._sleep_until = now + step.seconds
-        end = self._sleep_until if deadline is None else min(self._sleep_until, deadline)
-        time.sleep(max(0.0, end - now))
-        if time.monotonic() < self._sleep_until:
-            return _PARTIAL
-        self._sleep_until = None
-        return None
+        seconds, over = self.lead.pause(step.seconds, deadline, time.monotonic())
+        time.sleep(seconds)
+        return None if over else _PARTIAL
 
     def _run_step(self, step: Step) -> Any:
         return run_step(self._client, self._scripts, step, None)
@@ -650,22 +575,8 @@ class Reader:
                 self._conn_pool.release(conn)
 
 
-#: An inbox item: the reader's lead is yours (if it still is: see Reader.wait).
-_LEAD: Any = object()
-#: Who leads when the reader's thread does.
-_THREAD: Any = object()
 #: A step a leader could not finish before its deadline.
 _PARTIAL: Any = object()
-
-
-def _take(inbox: Any) -> Any:
-    """The next item of ``inbox`` that is not a stale lead, else
-    :data:`_LEAD` (nothing there)."""
-    while not inbox.empty():
-        item = inbox.get_nowait()
-        if item is not _LEAD:
-            return item
-    return _LEAD
 
 
 #: Whether this redis-py reads a reply with its own timeout (newer ones do);

@@ -1,0 +1,158 @@
+"""Who carries out a hub's rounds (issue 22): the waiter reads its own grant.
+
+While waiters of one client wait, there is no reader of its own: the first
+waiter *leads*, carrying out the hub's rounds (:meth:`Hub.rounds`) itself,
+and the others *follow*, each woken by the message the leader routes to
+its inbox. When the leader's own message comes, or its time runs out, it
+hands the lead to the follower that has waited longest. When nobody waits,
+what is left to acknowledge waits :data:`~allocator._core.hub.ACK_DELAY`
+for the next waiter's round; then the reader's own thread (asyncio: task)
+sends it. That thread never leads while anyone waits.
+
+:class:`Lead` decides all of it, for both shells. Pure: the sync shell holds
+its lock around every call; the shells carry out the steps, wake whom it
+names and start the thread (or task) when it says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+from .hub import Hub
+from .steps import Exchange, ReaderStep
+
+#: An inbox item: the lead is yours (if it still is: :meth:`Lead.take`).
+LEAD: Any = object()
+#: Who leads when the reader's own thread (or task) does; also what
+#: :meth:`Lead.leave` returns when that thread must be started.
+THREAD: Any = object()
+
+
+def take_item(inbox: Any) -> Any:
+    """The next item of ``inbox`` that is not a stale :data:`LEAD`, else
+    :data:`LEAD` (nothing there). A queue.SimpleQueue or an asyncio.Queue."""
+    while not inbox.empty():
+        item = inbox.get_nowait()
+        if item is not LEAD:
+            return item
+    return LEAD
+
+
+class Lead:
+    """The lead of one reader: the hub's rounds while they run, the step
+    taken from them and not yet carried out (whoever leads next carries it,
+    should the leader be interrupted), the last step's result, who leads
+    (a waiter's lease id, :data:`THREAD`, or None) and who follows (lease
+    id to inbox, oldest first)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.rounds: Generator[ReaderStep, Any, None] | None = None
+        self._step: ReaderStep | None = None
+        self._result: tuple[Any, BaseException | None] = (None, None)
+        self.leader: Any = None
+        self.followers: dict[str, Any] = {}
+        #: When a pause of the rounds ends (it may outlast a leader).
+        self._pause_until: float | None = None
+
+    @property
+    def reading(self) -> bool:
+        """Rounds are under way (somebody waits, or is left to acknowledge)."""
+        return self.rounds is not None
+
+    def take(self, lid: str, inbox: Any, clock: Callable[[], float]) -> bool:
+        """Waiter ``lid`` has nothing in ``inbox`` and waits: True if it
+        leads now (nobody did, or the lead was handed to it), else it
+        follows. ``clock``: the rounds' monotonic clock."""
+        if self.leader is None or self.leader == lid:
+            self.leader = lid
+            self.followers.pop(lid, None)
+            if self.rounds is None:
+                self.rounds = self.hub.rounds(clock)
+                self._result = (None, None)
+            return True
+        self.followers[lid] = inbox
+        return False
+
+    def leave(self, who: Any) -> Any:
+        """Waiter ``who`` (or :data:`THREAD`) stops waiting or leading:
+        what :meth:`kick` says to do next."""
+        if who is not THREAD:
+            self.followers.pop(who, None)
+        if self.leader != who:
+            return None
+        self.leader = None
+        return self.kick()
+
+    def kick(self) -> Any:
+        """Nobody leads: the inbox of the follower that has waited longest,
+        which leads now (put :data:`LEAD` in it); :data:`THREAD` when nobody
+        waits and the rounds still have work (start the thread, which waits
+        ACK_DELAY first); None when there is nothing to do (a waiter between
+        two steps of its flow comes back to wait, or leaves)."""
+        if self.leader is not None or self.rounds is None:
+            return None
+        if self.followers:
+            lid, inbox = next(iter(self.followers.items()))
+            self.leader = lid
+            return inbox
+        return None if self.hub.waiting else THREAD
+
+    def thread_takes(self) -> bool:
+        """The reader's thread, after its delay: whether it leads now
+        (nobody leads, nobody waits, rounds are left)."""
+        if self.leader is not None or self.hub.waiting or self.rounds is None:
+            return False
+        self.leader = THREAD
+        return True
+
+    def next_step(
+        self, me: Any, inbox: Any, deadline: float | None, now: float
+    ) -> ReaderStep | None:
+        """The step that leader ``me`` carries out next, or None when it
+        stops: its ``inbox`` holds something, its ``deadline`` passed, a
+        waiter comes while the thread leads, or the rounds ended
+        (:attr:`reading` is then False)."""
+        if inbox is not None and not inbox.empty():
+            return None
+        if me is THREAD and self.hub.waiting:
+            return None
+        if deadline is not None and now >= deadline:
+            return None
+        if self._step is None:
+            if self.rounds is None:
+                return None
+            reply, error = self._result
+            try:
+                self._step = self.rounds.send(reply) if error is None else self.rounds.throw(error)
+            except StopIteration:
+                self.rounds = None
+                return None
+        return self._step
+
+    def done(self, reply: Any, error: BaseException | None) -> None:
+        """The step given by :meth:`next_step` was carried out: ``reply``,
+        or ``error`` to throw into the rounds."""
+        self._step = None
+        self._result = (reply, error)
+
+    def pause(self, seconds: float, deadline: float | None, now: float) -> tuple[float, bool]:
+        """A pause step (``Sleep``) under a leader whose time ends at
+        ``deadline``: how long to sleep now, and whether the pause is over
+        after that (else the next leader sleeps the rest)."""
+        if self._pause_until is None:
+            self._pause_until = now + seconds
+        until = self._pause_until
+        if deadline is not None and deadline < until:
+            return max(0.0, deadline - now), False
+        self._pause_until = None
+        return max(0.0, until - now), True
+
+
+def block_for(step: Exchange, deadline: float | None, now: float) -> float:
+    """How long a leader whose time ends at ``deadline`` blocks in the
+    round ``step``: no longer than its time (at least 10 ms)."""
+    if deadline is None or not step.keys:
+        return step.block
+    return max(0.01, min(step.block, deadline - now))
