@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Any
 
-import redis.asyncio
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -147,13 +146,9 @@ class AsyncPresence:
     """Same as the sync shell's presence (:class:`Presence`),
     awaitable."""
 
-    def __init__(self, client: Any, key: str) -> None:
+    def __init__(self, client: Any) -> None:
         self._client = client
-        self._key = key
         self._pubsub: Any = None
-        #: On a cluster: the client of the slot's master that the PubSub
-        #: runs on (the asyncio cluster client has no PubSub of its own).
-        self._node_client: Any = None
         self._sharded = True
         self._lock = asyncio.Lock()
 
@@ -181,28 +176,13 @@ class AsyncPresence:
 
     async def _close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
-        node_client, self._node_client = self._node_client, None
-        for closing in (pubsub, node_client):
-            if closing is not None:
-                with contextlib.suppress(Exception):
-                    await (closing.aclose() if hasattr(closing, "aclose") else closing.close())
-
-    async def _new_pubsub(self) -> Any:
-        """A PubSub of the client, or on a cluster of a client of the
-        master of the reader's slot (found again each time)."""
-        if not is_cluster(self._client):
-            return self._client.pubsub()
-        await self._client.initialize()  # a no-op once the client knows the slots
-        node = self._client.get_node_from_key(self._key)
-        pool = redis.asyncio.ConnectionPool(
-            connection_class=node.connection_class, **node.connection_kwargs
-        )
-        self._node_client = redis.asyncio.Redis(connection_pool=pool)
-        return self._node_client.pubsub()
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
 
     async def _subscribe(self, channels: list[str], budget: float) -> None:
         if self._pubsub is None:
-            self._pubsub = await self._new_pubsub()
+            self._pubsub = self._client.pubsub()
         if self._sharded:
             try:
                 await self._pubsub.ssubscribe(*channels)
@@ -213,7 +193,7 @@ class AsyncPresence:
                     raise
                 self._sharded = False
                 await self._close()
-                self._pubsub = await self._new_pubsub()
+                self._pubsub = self._client.pubsub()
         await self._pubsub.subscribe(*channels)
         await self._confirm(len(channels), budget)
 

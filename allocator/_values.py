@@ -85,7 +85,7 @@ class LeaseInfo:
     expires_at: float
     #: Whether the holder's process is connected (its presence: CONTRACT.md
     #: section 11); None where nobody can tell (a holder without a presence:
-    #: a fakeredis client, an ACL without the channel).
+    #: an asyncio cluster or fakeredis client, an ACL without the channel).
     holder_present: bool | None = None
 
 
