@@ -72,21 +72,19 @@ def hung(server: RedisServer) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def sync_calls(url: str, name: str, held: Any, kept: Any, made: list[Any]) -> dict[str, Expect]:
-    """Every public call, each on a client of its own (connected now); the
-    allocators go to ``made``."""
+#: The allocators of the calls below, on the pool under test and on a
+#: scratch pool (for the calls that change a pool's resources).
+POOLS = ("a02", "a15", "nb", "many", "rel", "ren", "st", "le", "sts", "gc")
+SCRATCH = ("ext", "rem", "q", "bind", "unbind", "del")
 
-    def pool(which: str = name) -> FairAllocator:
-        client = redis.Redis.from_url(url)
-        client.ping()
-        made.append(FairAllocator(client, which, lease_ttl=30))
-        return made[-1]
 
-    scratch = f"{name}-scratch"
-    p = {key: pool() for key in ("a02", "a15", "nb", "many", "rel", "ren", "st", "le", "sts", "gc")}
-    s = {key: pool(scratch) for key in ("ext", "rem", "q", "bind", "unbind", "del")}
-    lister = redis.Redis.from_url(url)
-    lister.ping()
+def expectations(
+    p: dict[str, Any], s: dict[str, Any], held: Any, kept: Any, pools: Callable[[], Any]
+) -> dict[str, Expect]:
+    """Every public call, by name: (its time budget, what it raises against
+    a hung server, the call), on the allocators ``p`` (:data:`POOLS`) and
+    ``s`` (:data:`SCRATCH`), sync or asyncio alike (an asyncio one's call
+    makes a coroutine); ``pools`` lists the pools."""
     return {
         "acquire(timeout=0.2)": (0.2, AcquireTimeout, lambda: p["a02"].acquire(timeout=0.2, ttl=1)),
         "acquire(timeout=1.5)": (1.5, AcquireTimeout, lambda: p["a15"].acquire(timeout=1.5, ttl=1)),
@@ -112,8 +110,26 @@ def sync_calls(url: str, name: str, held: Any, kept: Any, made: list[Any]) -> di
         "bind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["bind"].bind("n", "x")),
         "unbind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["unbind"].unbind("n")),
         "delete": (RETRY_BUDGET, redis.TimeoutError, s["del"].delete),
-        "pools": (RETRY_BUDGET, redis.TimeoutError, lambda: FairAllocator.pools(lister)),
+        "pools": (RETRY_BUDGET, redis.TimeoutError, pools),
     }
+
+
+def sync_calls(url: str, name: str, held: Any, kept: Any, made: list[Any]) -> dict[str, Expect]:
+    """Every public call, each on a client of its own (connected now); the
+    allocators go to ``made``."""
+
+    def pool(which: str = name) -> FairAllocator:
+        client = redis.Redis.from_url(url)
+        client.ping()
+        made.append(FairAllocator(client, which, lease_ttl=30))
+        return made[-1]
+
+    scratch = f"{name}-scratch"
+    p = {key: pool() for key in POOLS}
+    s = {key: pool(scratch) for key in SCRATCH}
+    lister = redis.Redis.from_url(url)
+    lister.ping()
+    return expectations(p, s, held, kept, lambda: FairAllocator.pools(lister))
 
 
 async def async_calls(
@@ -128,38 +144,11 @@ async def async_calls(
         return made[-1]
 
     scratch = f"{name}-scratch"
-    keys = ("a02", "a15", "nb", "many", "rel", "ren", "st", "le", "sts", "gc")
-    p = {key: await pool() for key in keys}
-    s = {key: await pool(scratch) for key in ("ext", "rem", "q", "bind", "unbind", "del")}
+    p = {key: await pool() for key in POOLS}
+    s = {key: await pool(scratch) for key in SCRATCH}
     lister = redis.asyncio.Redis.from_url(url)
     await lister.ping()
-    return {
-        "acquire(timeout=0.2)": (0.2, AcquireTimeout, lambda: p["a02"].acquire(timeout=0.2, ttl=1)),
-        "acquire(timeout=1.5)": (1.5, AcquireTimeout, lambda: p["a15"].acquire(timeout=1.5, ttl=1)),
-        "acquire(blocking=False)": (
-            RETRY_BUDGET,
-            redis.TimeoutError,
-            lambda: p["nb"].acquire(blocking=False, ttl=1),
-        ),
-        "acquire_many(2, timeout=0.2)": (
-            0.2,
-            AcquireTimeout,
-            lambda: p["many"].acquire_many(2, timeout=0.2, ttl=1),
-        ),
-        "release": (RETRY_BUDGET, redis.TimeoutError, lambda: p["rel"].release(held)),
-        "renew": (RETRY_BUDGET, redis.TimeoutError, lambda: p["ren"].renew(kept)),
-        "status": (RETRY_BUDGET, redis.TimeoutError, p["st"].status),
-        "leases": (RETRY_BUDGET, redis.TimeoutError, p["le"].leases),
-        "stats": (RETRY_BUDGET, redis.TimeoutError, p["sts"].stats),
-        "gc": (RETRY_BUDGET, redis.TimeoutError, p["gc"].gc),
-        "extend": (RETRY_BUDGET, redis.TimeoutError, lambda: s["ext"].extend(["x"])),
-        "remove": (RETRY_BUDGET, redis.TimeoutError, lambda: s["rem"].remove(["y"])),
-        "quarantine": (RETRY_BUDGET, redis.TimeoutError, lambda: s["q"].quarantine("x", 1)),
-        "bind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["bind"].bind("n", "x")),
-        "unbind": (RETRY_BUDGET, redis.TimeoutError, lambda: s["unbind"].unbind("n")),
-        "delete": (RETRY_BUDGET, redis.TimeoutError, s["del"].delete),
-        "pools": (RETRY_BUDGET, redis.TimeoutError, lambda: AsyncFairAllocator.pools(lister)),
-    }
+    return expectations(p, s, held, kept, lambda: AsyncFairAllocator.pools(lister))
 
 
 #: One try of one call: (seconds it took, what it raised or returned).
