@@ -1,5 +1,6 @@
 """Asyncio I/O for the core's steps: the same as :mod:`allocator._sync_io`,
-awaitable; the reader of one client and event loop is a task.
+awaitable; the reader of one client and event loop is carried out by its
+waiting tasks in turn.
 
 A step's deadline bounds the whole step (:func:`within`): its commands,
 connects and handshakes included, are cancelled when it passes. redis-py
@@ -28,7 +29,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
-from ._core.lead import LEAD, THREAD, Lead, block_for, take_item
+from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -351,7 +352,7 @@ class Reader:
                 self._drop_connection()
                 raise
             else:
-                if reply is not _PARTIAL:
+                if reply is not PARTIAL:
                     self.lead.done(reply, None)
 
     def _wake(self, whom: Any) -> None:
@@ -396,7 +397,7 @@ class Reader:
             return None
         seconds, over = self.lead.pause(step.seconds, deadline, self.loop.time())
         await asyncio.sleep(seconds)
-        return None if over else _PARTIAL
+        return None if over else PARTIAL
 
     async def _run_step(self, step: Step) -> Any:
         return await run_step(self._client, self._scripts, step, None)
@@ -474,10 +475,6 @@ class Reader:
                 _give_to_node(self._node, conn)
             else:
                 await self._client.connection_pool.release(conn)
-
-
-#: A step a leader could not finish before its deadline.
-_PARTIAL: Any = object()
 
 
 def _give_to_node(node: Any, conn: Any) -> None:

@@ -1,8 +1,8 @@
 """Blocking I/O for the core's steps: :func:`run_step` carries out one
 step (a script call, a confirmed pipeline, a wait, a sleep), :func:`drive`
-runs a flow to its end, and :class:`Reader` is the reader thread of one
-client, which carries out its hub's rounds
-(:class:`~allocator._core.hub.Hub`).
+runs a flow to its end, and :class:`Reader` is the reader of one client,
+whose hub's rounds (:class:`~allocator._core.hub.Hub`) its waiting threads
+carry out in turn (:mod:`allocator._core.lead`).
 
 A step's deadline (``Call.deadline``, set by the core) bounds every socket
 read of its commands: :func:`execute` runs a command on a connection of the
@@ -35,7 +35,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
-from ._core.lead import LEAD, THREAD, Lead, block_for, take_item
+from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
 from ._core.liveness import HEARTBEAT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -400,9 +400,10 @@ class Reader:
                 self._wake(self.lead.leave(lid))
 
     def finish(self) -> None:
-        """Unless somebody waits on it: let the reading end (a thread that
-        finishes it, within about a heartbeat), read what is left to read
-        and give the connection back to the client's pool."""
+        """Unless somebody waits on it: let the reading end (the thread
+        that sends what is left to acknowledge, within about a heartbeat),
+        give the connection back to the client's pool and close the
+        presence."""
         with self._lock:
             thread = None if self.hub.waiting else self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -453,7 +454,7 @@ class Reader:
                 self._drop_connection()
                 raise
             else:
-                if reply is not _PARTIAL:
+                if reply is not PARTIAL:
                     with self._lock:
                         self.lead.done(reply, None)
 
@@ -484,7 +485,8 @@ class Reader:
         """Carry out a step of the hub's rounds
         (:meth:`~allocator._core.hub.Hub.rounds`), within the leader's
         ``deadline``: a shorter blocking read; a pause cut short is
-        :data:`_PARTIAL`, to be finished by the next leader."""
+        :data:`~allocator._core.lead.PARTIAL`, to be finished by the next
+        leader."""
         if isinstance(step, Exchange):
             block = block_for(step, deadline, time.monotonic())
             return self._exchange(step.acks, step.keys, block)
@@ -504,7 +506,7 @@ class Reader:
             return None
         seconds, over = self.lead.pause(step.seconds, deadline, time.monotonic())
         time.sleep(seconds)
-        return None if over else _PARTIAL
+        return None if over else PARTIAL
 
     def _run_step(self, step: Step) -> Any:
         return run_step(self._client, self._scripts, step, None)
@@ -575,10 +577,6 @@ class Reader:
                 self._conn_pool.release(conn)
 
 
-#: A step a leader could not finish before its deadline.
-_PARTIAL: Any = object()
-
-
 #: Whether this redis-py reads a reply with its own timeout (newer ones do);
 #: older ones wait with can_read first.
 _READ_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
@@ -629,9 +627,9 @@ _READERS: weakref.WeakSet[Reader] = weakref.WeakSet()
 
 
 def _close_readers() -> None:
-    """At interpreter exit, a reader (a daemon thread) may still be in its
-    last blocking read, at most a heartbeat after its last waiter left.
-    Close its connection, so that no socket is left open."""
+    """At interpreter exit, a reader's thread (a daemon) may still be about
+    to send, or sending, what its last waiter left to acknowledge. Close its
+    connection, so that no socket is left open."""
     for reader in list(_READERS):
         if reader.reading:
             with contextlib.suppress(Exception):

@@ -27,6 +27,10 @@ LEAD: Any = object()
 #: Who leads when the reader's own thread (or task) does; also what
 #: :meth:`Lead.leave` returns when that thread must be started.
 THREAD: Any = object()
+#: What a shell's step gives back when a leader could not finish it before
+#: its deadline (a pause, :meth:`Lead.pause`): not done, the next leader
+#: finishes it.
+PARTIAL: Any = object()
 
 
 def take_item(inbox: Any) -> Any:
