@@ -63,6 +63,7 @@ class AsyncFairAllocator:
         prefix: str = "alloc",
         min_replicas: int = 0,
         replica_timeout: float = 0.5,
+        reclaim_on_disconnect: bool = False,
     ) -> None:
         self._pool = Pool.create(
             name,
@@ -71,6 +72,7 @@ class AsyncFairAllocator:
             prefix=prefix,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            reclaim_on_disconnect=reclaim_on_disconnect,
             sentinel=is_sentinel(client),
         )
         if client_kind(client) != "async":
@@ -181,7 +183,10 @@ class AsyncFairAllocator:
             ),
             timeout,
         )
-        return await self._drive_waiting(reader, flow.lid, flow.steps)
+        lease = await self._drive_waiting(reader, flow.lid, flow.steps)
+        if lease is not None:
+            reader.hold(self._pool, [lease])
+        return lease
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -253,7 +258,10 @@ class AsyncFairAllocator:
             ),
             timeout,
         )
-        return await self._drive_waiting(reader, flow.lid, flow.steps)
+        leases = await self._drive_waiting(reader, flow.lid, flow.steps)
+        if leases is not None:
+            reader.hold(self._pool, leases)
+        return leases
 
     @contextlib.asynccontextmanager
     async def lease_many(
@@ -294,11 +302,17 @@ class AsyncFairAllocator:
 
     async def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
         """Same as :meth:`FairAllocator.renew <allocator.FairAllocator.renew>`, awaitable."""
-        return await self._drive(self._pool.renew(lease, ttl))
+        reader = self._reader()
+        renewed = await self._drive(self._pool.renew(lease, ttl, reader.lost))
+        reader.renewed(renewed)
+        return renewed
 
     async def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
         """Same as :meth:`FairAllocator.release <allocator.FairAllocator.release>`, awaitable."""
-        return await self._drive(self._pool.release(lease, quarantine))
+        reader = self._reader()
+        released = await self._drive(self._pool.release(lease, quarantine, reader.lost))
+        reader.unhold(lease)
+        return released
 
     # -- administration -------------------------------------------------------
 

@@ -28,9 +28,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._core.holding import PROBE_WAIT, Holds
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
 from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
-from ._core.liveness import HEARTBEAT
+from ._core.liveness import HEARTBEAT, PRESENT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
 from ._core.retry import RETRY_BUDGET
@@ -55,6 +56,7 @@ from ._transport import (
     no_client_retries,
     pooled,
 )
+from ._values import Lease
 
 __all__ = ["Reader", "drive", "execute", "reader_for", "run_call", "run_step", "within"]
 
@@ -251,6 +253,8 @@ class Reader:
         #: On a cluster, the node ``_conn`` came from.
         self._node: Any = None
         self.presence = AsyncPresence(client) if keeps_presence(client) else None
+        self.holds = Holds()
+        self._watcher: asyncio.Task[None] | None = None
 
     @property
     def cid(self) -> str:
@@ -275,6 +279,51 @@ class Reader:
         kept = False if self.presence is None else await self.presence.join(channel, budget)
         if kept is not None:  # None: the server was out of reach; next time
             self.hub.decide_presence(pool, kept)
+
+    # -- what the client holds: the presence watch -----------------------------
+
+    def hold(self, pool: Pool, leases: list[Lease]) -> None:
+        """Same as the sync reader's; the watch is a task."""
+        if self.presence is None or not self.hub.cid_for(pool).startswith(PRESENT):
+            return
+        now = self.loop.time()
+        for lease in leases:
+            self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
+        if self._watcher is None or self._watcher.done():
+            self._watcher = self.loop.create_task(self._watch())
+
+    def renewed(self, lease: Lease) -> None:
+        self.holds.renewed(lease.id, self.loop.time(), lease.ttl)
+
+    def unhold(self, lease: Lease) -> None:
+        self.holds.drop(lease.id, self.loop.time())
+
+    def lost(self, lease: Lease) -> bool:
+        return self.holds.lost(lease.id, self.loop.time())
+
+    async def _watch(self) -> None:
+        presence = self.presence
+        assert presence is not None
+        while (period := self.holds.period(self.loop.time())) is not None:
+            await asyncio.sleep(period)
+            sent = self.loop.time()
+            answer = await presence.probe(PROBE_WAIT)
+            if answer:
+                self.holds.confirmed(sent)
+                continue
+            self.holds.unanswered()
+            if answer is None or self.holds.hopeless(self.loop.time()):
+                try:
+                    await self._subscribe_again(self.hub.channels())
+                except Exception as exc:  # the next PING tries again
+                    _log.debug("allocator: presence not subscribed again yet: %r", exc)
+
+    async def _subscribe_again(self, channels: list[str]) -> None:
+        """Same as the sync reader's."""
+        assert self.presence is not None
+        self.holds.unanswered()
+        await self.presence.renew(channels)
+        self.holds.confirmed(self.loop.time())
 
     def register(self, pool: Pool, lid: str) -> None:
         self.hub.register(pool, lid, asyncio.Queue())
@@ -319,7 +368,12 @@ class Reader:
             await asyncio.gather(*self._chores, return_exceptions=True)
         if not self.hub.waiting and self.lead.leader is None and not self.lead.reading:
             await self._release_connection()
-        if self.presence is not None and not self.hub.waiting:
+        if self.presence is not None and not self.hub.waiting and not self.holds.holding:
+            if self._watcher is not None:
+                self._watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._watcher
+                self._watcher = None
             await self.presence.close()
             self.hub.forget_presence()
 
@@ -393,7 +447,7 @@ class Reader:
             return None
         if isinstance(step, Subscribe):
             if self.presence is not None:
-                await self.presence.renew(step.channels)
+                await self._subscribe_again(step.channels)
             return None
         seconds, over = self.lead.pause(step.seconds, deadline, self.loop.time())
         await asyncio.sleep(seconds)

@@ -41,6 +41,13 @@ def _failed(channel: str, error: BaseException) -> bool | None:
     return False
 
 
+def _answers(reply: Any, token: str) -> bool:
+    """Whether ``reply`` is the answer to the PING ``token``: ``[pong,
+    token]`` in a subscribed RESP2 connection, ``token`` in RESP3."""
+    items = reply if isinstance(reply, (list, tuple)) else [reply]
+    return any((item.decode() if isinstance(item, bytes) else item) == token for item in items)
+
+
 class Presence:
     """The presence of one reader's client in this process (CONTRACT.md
     section 11): one connection, subscribed to the presence channel of each
@@ -59,6 +66,7 @@ class Presence:
         self._key = key
         self._pubsub: Any = None
         self._sharded = True
+        self._probes = 0
         self._lock = threading.Lock()
 
     def join(self, channel: str, budget: float) -> bool | None:
@@ -83,6 +91,34 @@ class Presence:
             self._close()
             with no_client_retries():
                 self._subscribe(channels, RETRY_BUDGET)
+
+    def probe(self, wait: float) -> bool | None:
+        """Send a PING on the presence connection: True if it is answered
+        within ``wait`` seconds, False if not yet (the connection is kept:
+        a late answer is passed over by the next probe), None if there is no
+        connection, or it broke (then it is closed)."""
+        with self._lock:
+            if self._pubsub is None:
+                return None
+            self._probes += 1
+            token = f"allocator-probe-{self._probes}"
+            deadline = time.monotonic() + wait
+            try:
+                with no_client_retries():
+                    self._pubsub.connection.send_command("PING", token)
+                    # At least one read, even past the deadline: after a
+                    # stall of the whole process the answer is waiting.
+                    while True:
+                        left = max(deadline - time.monotonic(), 0.0)
+                        reply = self._pubsub.parse_response(block=False, timeout=left)
+                        if reply is None:
+                            return False
+                        if _answers(reply, token):
+                            return True
+            except Exception as exc:
+                _log.debug("allocator: presence connection lost: %r", exc)
+                self._close()
+                return None
 
     def close(self) -> None:
         with self._lock:
@@ -150,6 +186,7 @@ class AsyncPresence:
         self._client = client
         self._pubsub: Any = None
         self._sharded = True
+        self._probes = 0
         self._lock = asyncio.Lock()
 
     async def join(self, channel: str, budget: float) -> bool | None:
@@ -169,6 +206,29 @@ class AsyncPresence:
             with no_client_retries():
                 async with asyncio.timeout(RETRY_BUDGET):
                     await self._subscribe(channels, RETRY_BUDGET)
+
+    async def probe(self, wait: float) -> bool | None:
+        async with self._lock:
+            if self._pubsub is None:
+                return None
+            self._probes += 1
+            token = f"allocator-probe-{self._probes}"
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            try:
+                with no_client_retries():
+                    await self._pubsub.connection.send_command("PING", token)
+                    while True:
+                        left = max(deadline - loop.time(), 0.0)
+                        reply = await self._pubsub.parse_response(block=False, timeout=left)
+                        if reply is None:
+                            return False
+                        if _answers(reply, token):
+                            return True
+            except Exception as exc:
+                _log.debug("allocator: presence connection lost: %r", exc)
+                await self._close()
+                return None
 
     async def close(self) -> None:
         async with self._lock:

@@ -53,6 +53,19 @@ class FairAllocator:
     seconds); else :class:`~allocator.NotReplicated` is raised, and an
     acquire releases its grant first.
 
+    ``reclaim_on_disconnect`` (default False): a lease this allocator
+    acquires ends once the server has seen its holder's process gone (its
+    presence connection dropped, CONTRACT.md section 11) for the grace,
+    about a second, instead of at its deadline, and the resource goes to
+    the next waiter then. In return, this process gives up such a lease by
+    itself once its own presence connection has been down longer than the
+    grace (a partition, a restart the connection did not survive):
+    ``renew`` and the exit of ``lease()`` raise
+    :class:`~allocator.LeaseLost`, and ``release`` returns False. Where the
+    client keeps no presence (fakeredis, the asyncio cluster client, an ACL
+    without the channel) it has no effect (docs/operations.md,
+    "Presence").
+
     A Sentinel-managed client (``Sentinel(...).master_for(...)``) is a client
     like any other, except that its calls without a deadline of their own
     (``release``, ``renew``, ``status``, ...) keep retrying for up to 45 s
@@ -75,6 +88,7 @@ class FairAllocator:
         prefix: str = "alloc",
         min_replicas: int = 0,
         replica_timeout: float = 0.5,
+        reclaim_on_disconnect: bool = False,
     ) -> None:
         self._pool = Pool.create(
             name,
@@ -83,6 +97,7 @@ class FairAllocator:
             prefix=prefix,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            reclaim_on_disconnect=reclaim_on_disconnect,
             sentinel=is_sentinel(client),
         )
         if client_kind(client) != "sync":
@@ -219,7 +234,10 @@ class FairAllocator:
             ),
             timeout,
         )
-        return self._drive_waiting(reader, flow.lid, flow.steps)
+        lease = self._drive_waiting(reader, flow.lid, flow.steps)
+        if lease is not None:
+            reader.hold(self._pool, [lease])
+        return lease
 
     @contextlib.contextmanager
     def lease(
@@ -310,7 +328,10 @@ class FairAllocator:
             ),
             timeout,
         )
-        return self._drive_waiting(reader, flow.lid, flow.steps)
+        leases = self._drive_waiting(reader, flow.lid, flow.steps)
+        if leases is not None:
+            reader.hold(self._pool, leases)
+        return leases
 
     @contextlib.contextmanager
     def lease_many(
@@ -362,8 +383,13 @@ class FairAllocator:
         ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
         longer held (a lease past its deadline is never brought back).
         With Redis unreachable or hung, retries for 2 s (45 s on a
-        Sentinel-managed client), then lets the transport error through."""
-        return self._drive(self._pool.renew(lease, ttl))
+        Sentinel-managed client), then lets the transport error through.
+        Under ``reclaim_on_disconnect``, raises ``LeaseLost`` without asking
+        the server once this process gave the lease up."""
+        reader = self._reader()
+        renewed = self._drive(self._pool.renew(lease, ttl, reader.lost))
+        reader.renewed(renewed)
+        return renewed
 
     def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
         """End the lease and hand the resource to the next waiter.
@@ -374,9 +400,14 @@ class FairAllocator:
         are woken and served when it ends. With Redis unreachable or hung,
         retries for 2 s (45 s on a Sentinel-managed client), then lets the
         transport error through (the release may still reach the server:
-        if not, the lease ends at its deadline).
+        if not, the lease ends at its deadline). Under
+        ``reclaim_on_disconnect``, a lease this process gave up is released
+        all the same where the server can be reached, and False is returned.
         """
-        return self._drive(self._pool.release(lease, quarantine))
+        reader = self._reader()
+        released = self._drive(self._pool.release(lease, quarantine, reader.lost))
+        reader.unhold(lease)
+        return released
 
     # -- administration -------------------------------------------------------
 

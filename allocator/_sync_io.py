@@ -34,9 +34,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._core.holding import PROBE_WAIT, Holds
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
 from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
-from ._core.liveness import HEARTBEAT
+from ._core.liveness import HEARTBEAT, PRESENT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
 from ._core.retry import RETRY_BUDGET
@@ -60,6 +61,7 @@ from ._transport import (
     no_client_retries,
     pooled,
 )
+from ._values import Lease
 
 __all__ = ["Reader", "drive", "execute", "reader_for", "run_call", "run_step"]
 
@@ -319,6 +321,11 @@ class Reader:
         self._conn_pool: Any = None
         self._closing = False
         self.presence = Presence(client, key) if keeps_presence(client) else None
+        #: The leases held through this client, for the presence watch
+        #: (:mod:`allocator._core.holding`), and the watch's thread.
+        self.holds = Holds()
+        self._watcher: threading.Thread | None = None
+        self._unwatch = threading.Event()
 
     @property
     def cid(self) -> str:
@@ -351,6 +358,79 @@ class Reader:
         if kept is not None:  # None: the server was out of reach; next time
             with self._lock:
                 self.hub.decide_presence(pool, kept)
+
+    # -- what the client holds: the presence watch -----------------------------
+
+    def hold(self, pool: Pool, leases: list[Lease]) -> None:
+        """Leases granted in ``pool``: while any is held, the watch keeps
+        the client's presence (where it keeps one there)."""
+        if self.presence is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if not self.hub.cid_for(pool).startswith(PRESENT):
+                return
+            for lease in leases:
+                self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
+            if self._watcher is None:
+                self._unwatch.clear()
+                self._watcher = threading.Thread(
+                    target=self._watch, name="allocator-presence", daemon=True
+                )
+                self._watcher.start()
+
+    def renewed(self, lease: Lease) -> None:
+        with self._lock:
+            self.holds.renewed(lease.id, time.monotonic(), lease.ttl)
+
+    def unhold(self, lease: Lease) -> None:
+        with self._lock:
+            self.holds.drop(lease.id, time.monotonic())
+
+    def lost(self, lease: Lease) -> bool:
+        """Whether this process must give ``lease`` up: its presence went
+        unconfirmed for longer than the grace while it was held."""
+        with self._lock:
+            return self.holds.lost(lease.id, time.monotonic())
+
+    def _watch(self) -> None:
+        presence = self.presence
+        assert presence is not None
+        while True:
+            with self._lock:
+                period = self.holds.period(time.monotonic())
+                if period is None:
+                    self._watcher = None
+                    return
+            if self._unwatch.wait(period):  # finish(): nothing is held
+                with self._lock:
+                    self._watcher = None
+                return
+            sent = time.monotonic()
+            answer = presence.probe(PROBE_WAIT)
+            with self._lock:
+                if answer:
+                    self.holds.confirmed(sent)
+                    continue
+                self.holds.unanswered()
+                if answer is not None and not self.holds.hopeless(time.monotonic()):
+                    continue
+                channels = self.hub.channels()
+            try:
+                self._subscribe_again(channels)
+            except Exception as exc:  # the next PING tries again
+                _log.debug("allocator: presence not subscribed again yet: %r", exc)
+
+    def _subscribe_again(self, channels: list[str]) -> None:
+        """Subscribe the presence again on a new connection (it broke, or
+        the server found it absent), and tell the holds when that was
+        confirmed."""
+        assert self.presence is not None
+        with self._lock:
+            self.holds.unanswered()
+        self.presence.renew(channels)
+        with self._lock:
+            self.holds.confirmed(time.monotonic())
 
     def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
@@ -411,7 +491,10 @@ class Reader:
         with self._lock:
             if not self.hub.waiting and self.lead.leader is None:
                 self._release_connection()
-        if self.presence is not None and not self.hub.waiting:
+        with self._lock:
+            idle = not self.hub.waiting and not self.holds.holding
+        if self.presence is not None and idle:
+            self._unwatch.set()
             self.presence.close()
             with self._lock:
                 self.hub.forget_presence()
@@ -502,7 +585,7 @@ class Reader:
             return None
         if isinstance(step, Subscribe):
             if self.presence is not None:
-                self.presence.renew(step.channels)
+                self._subscribe_again(step.channels)
             return None
         seconds, over = self.lead.pause(step.seconds, deadline, time.monotonic())
         time.sleep(seconds)

@@ -4,7 +4,9 @@
 -- KEYS: the pool's keys (lua/README.md), then KEYS[17] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
 --       bind_ttl_ms (read only with a bind), owner (who holds the lease, for
---       people: kept in the ticket's field `o`)
+--       people: kept in the ticket's field `o`), reclaim ('1': the lease
+--       ends once its holder's presence is gone, P:check_holder; kept in
+--       the ticket's field `e`; optional, '0' if left out)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
@@ -13,6 +15,7 @@
 local lid, cid, ttl, alive_ms, blocking, bind, bind_ttl, owner =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local alive = tonumber(alive_ms)
+local reclaim = ARGV[9] == '1' and string.sub(cid, 1, 2) == 'p.'
 -- The arguments (prelude, "Checks"): the common case (short texts, plain
 -- numbers) in one cheap test; anything else argument by argument, which
 -- names a bad one. The first test passes only what the second would.
@@ -71,7 +74,17 @@ if not ticket then
       return {'busy'}
     end
   end
-  if bind == '' then
+  if reclaim then
+    -- The caller runs a call of its own: whatever absence a run found is
+    -- over (as a heartbeat's, poll.lua), so its lease gets a whole grace.
+    redis.call('HDEL', P.RECS, 'p|' .. cid)
+    if bind == '' then
+      ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'e', '1')
+    else
+      ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'b', bind,
+        'B', bind_ttl, 'e', '1')
+    end
+  elseif bind == '' then
     ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner)
   else
     ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'b', bind,
@@ -80,7 +93,7 @@ if not ticket then
   local best = redis.call('ZRANGE', P.FREE, '0', '0')[1]
   if not ahead and best then
     -- Nobody waits: the caller is the head. The uncontended case ends here.
-    local t = {id = ticket, l = lid, c = cid, t = ttl, B = bind_ttl}
+    local t = {id = ticket, l = lid, c = cid, t = ttl, B = bind_ttl, e = reclaim and '1'}
     if bind ~= '' then
       t.b = bind
     end

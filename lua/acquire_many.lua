@@ -7,7 +7,8 @@
 -- KEYS: the pool's keys (lua/README.md), then KEYS[17] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), count, owner (who
 --       holds the leases, for people: the field `o` of every entry of the
---       request, so that leases() shows it for each lease)
+--       request, so that leases() shows it for each lease), reclaim (as
+--       acquire's: optional, '1' in the field `e` of the request's head)
 -- Lease ids: lid for the first resource, `<lid>.<i>` for resource i.
 -- Reply: {'granted_many', ticket1, token1, granted_us1, deadline_ms1, ttl_ms1, resource1,
 --         ticket2, ...}                  count leases, in the order granted
@@ -29,6 +30,7 @@ if bad then
   return bad
 end
 n = tonumber(n)
+local reclaim = ARGV[8] == '1' and string.sub(cid, 1, 2) == 'p.'
 
 -- A retried call whose first reply was lost finds its own grant or ticket
 -- here, instead of queueing a second time (a grant that lost some of its
@@ -70,7 +72,14 @@ if not ticket then
       return {'busy'}
     end
   end
-  ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n)
+  if reclaim then
+    -- As acquire's.
+    redis.call('HDEL', P.RECS, 'p|' .. cid)
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n,
+      'e', '1')
+  else
+    ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n)
+  end
   for i = 2, n do
     redis.call('XADD', P.Q, '*', 'l', P.many_id(lid, i), 'c', cid, 'o', owner, 'x', '1')
   end

@@ -59,6 +59,11 @@ P.PICKUP_MS = 2000
 -- drops every connection at once), short enough that a dead waiter holds
 -- nobody up for long. GRACE in allocator/_core/liveness.py.
 P.GRACE_MS = 1000
+-- A lease whose holder asked for it to end when its process is gone
+-- (`reclaim_on_disconnect`: its ticket has the field `e`, and its client
+-- keeps a presence) has its holder's presence checked this often, by a
+-- PICK entry `c|<lease id>` (P:check_holder).
+P.CHECK_MS = 500
 -- Dead tickets dropped from the head of the queue per script run, so that
 -- a crowd of dead waiters never blocks the server; whoever runs next goes
 -- on (a waiter's reply says "look again now").
@@ -82,6 +87,10 @@ P.spare = false
 -- Set by a reader's heartbeat: dispatch looks at the head even when
 -- nothing is free, so that a dead head's grace starts at once.
 P.look = false
+-- The earliest presence check of a holder this run scheduled
+-- (P:check_holder), which the head of the queue is told to look again for
+-- (P:maintain keeps it in `nh`).
+P.wake = 1e15
 
 ---------------------------------------------------------------------------
 -- Checks: what a caller sends, and what the pool's keys hold
@@ -425,8 +434,9 @@ end
 -- waiter for. (A pick-up check almost never frees anything, and a reader's
 -- heartbeat meets it within a second.)
 -- `at`: a number; `text`: the same as P.istr writes it, where the caller
--- made it already.
-function P:schedule(key, at, member, text)
+-- made it already. `wakes`: a PICK entry worth waking a waiter for (a
+-- holder's presence check, P:check_holder), which `nh` then covers too.
+function P:schedule(key, at, member, text, wakes)
   text = text or self.istr(at) or at
   redis.call('ZADD', key, text, member)
   self:meta()
@@ -434,7 +444,12 @@ function P:schedule(key, at, member, text)
     self.nd = at
     redis.call('HSET', self.META, 'nd', text)
   end
-  if key ~= self.PICK and at < self.nh then
+  if wakes then
+    self.wake = math.min(self.wake, at)
+  elseif key == self.PICK then
+    return
+  end
+  if at < self.nh then
     self.nh = at
     redis.call('HSET', self.META, 'nh', text)
   end
@@ -714,8 +729,10 @@ function P:reclaim(limit)
   local before = self.reclaimed
   local picks = redis.call('ZRANGEBYSCORE', self.PICK, '-inf', self.now, 'LIMIT', '0', limit)
   for _, lid in ipairs(picks) do
-    local L = self:lease_load(lid)
-    if not L or L.pickup ~= '1' then
+    local L = string.sub(lid, 1, 2) ~= 'c|' and self:lease_load(lid)
+    if L == false then
+      self:check_holder(lid)
+    elseif not L or L.pickup ~= '1' then
       redis.call('ZREM', self.PICK, lid)
     else
       local live, gone_at = self:alive(L.cid)
@@ -737,13 +754,50 @@ function P:reclaim(limit)
     local L = self:lease_load(lid)
     if not L then
       redis.call('ZREM', self.EXP, lid)
-    else
+    elseif L.deadline <= self.now or self:holder_gone(lid, L) then
       self:end_and_settle(lid, L)
       self.reclaimed = self.reclaimed + 1
     end
   end
   self:note('reclaimed', self.reclaimed - before)
   return math.max(#picks, #due)
+end
+
+-- The presence check of a lease that ends when its holder is gone (a PICK
+-- entry `c|<lease id>`, every CHECK_MS; it goes lazily, at its next time,
+-- once the lease ended). The check only sees; the ending is by the lease's
+-- EXP entry, brought forward to the end of the holder's grace, so that
+-- the head of the queue is told to look again then (P:hint), and checked
+-- again there (P:holder_gone). The presence alone decides: a holder that
+-- does not wait keeps no liveness mark. Where nobody can tell, the checks
+-- stop and the lease ends at its deadline.
+function P:check_holder(entry)
+  local lid = string.sub(entry, 3)
+  local L = self:lease_load(lid)
+  local at = L and self:gone_at(L.cid)
+  if not L or at == false then
+    redis.call('ZREM', self.PICK, entry)
+    return
+  end
+  if at and at < L.deadline then
+    self:schedule(self.EXP, at, lid)
+  end
+  -- The head of the queue looks again then (`nh`), so that a holder's
+  -- death is found within a check, not a heartbeat.
+  self:schedule(self.PICK, self.now + self.CHECK_MS, entry, nil, true)
+end
+
+-- A lease whose EXP entry came due before its deadline: the end of its
+-- holder's grace (check_holder). True if the holder is gone (the lease
+-- ends); else its entry goes back to its deadline, or to the grace's end
+-- if that moved.
+function P:holder_gone(lid, L)
+  local at = self:gone_at(L.cid)
+  if at and at <= self.now then
+    return true
+  end
+  self:schedule(self.EXP, (at and at < L.deadline) and at or L.deadline, lid)
+  return false
 end
 
 -- Take back a pushed grant that its client never acknowledged, its
@@ -821,7 +875,7 @@ function P:maintain(limit)
   end
   limit = limit or self.BATCH
   local reclaimed, unparked = self:reclaim(limit), self:unpark(limit)
-  local nh = math.min(self:first(self.EXP), self:first(self.PARK))
+  local nh = math.min(self:first(self.EXP), self:first(self.PARK), self.wake)
   self.nh, self.nd = nh, math.min(nh, self:first(self.PICK))
   -- A pool that does not exist (deleted, or never made) stays so: a renew
   -- or release of a lease of a deleted pool must not make a key.
@@ -1084,16 +1138,30 @@ end
 -- Whether client `cid` lives: its liveness mark has not run out, and, if it
 -- keeps a presence, it has not been absent for GRACE_MS. A client absent
 -- within its grace lives, and the second value is when it will count as
--- gone (the first run to find it absent starts the grace: RECS field
--- `p|<cid>` holds since when; it goes once the client is found again, or
--- with its mark in gc).
+-- gone (P:gone_at).
 function P:alive(cid)
   local s = redis.call('ZSCORE', self.ALIVE, cid)
   if not s or tonumber(s) < self.now then
     return false
   end
-  if string.sub(cid, 1, 2) ~= 'p.' then
+  local at = self:gone_at(cid)
+  if not at then
     return true
+  elseif at > self.now then
+    return true, at
+  end
+  return false
+end
+
+-- When client `cid` counts as gone by its presence alone: nil while it is
+-- connected, false where nobody can tell (it keeps no presence, or the
+-- server cannot count), else the end of its grace, GRACE_MS after the
+-- first run that found it absent (RECS field `p|<cid>` holds since when;
+-- it goes once the client is found again or runs a call of its own, or
+-- with its mark in gc).
+function P:gone_at(cid)
+  if string.sub(cid, 1, 2) ~= 'p.' then
+    return false
   end
   local here = self:present(cid)
   local field = 'p|' .. cid
@@ -1102,17 +1170,16 @@ function P:alive(cid)
     if since then
       redis.call('HDEL', self.RECS, field)
     end
-    return true
+    if here == nil then
+      return false
+    end
+    return nil
   end
   if not since then
     since = self.now
     redis.call('HSET', self.RECS, field, since)
   end
-  local gone_at = tonumber(since) + self.GRACE_MS
-  if gone_at > self.now then
-    return true, gone_at
-  end
-  return false
+  return tonumber(since) + self.GRACE_MS
 end
 
 -- Is client `cid` connected right now: does a connection subscribe to its
@@ -1215,6 +1282,9 @@ function P:grant(t, best, self_lid)
   end
   self:lease_save(t.l, L, dl)
   self:schedule(self.EXP, deadline, t.l, dl)
+  if t.e == '1' then
+    self:schedule(self.PICK, self.now + self.CHECK_MS, 'c|' .. t.l, nil, true)
+  end
 
   if binding then
     if binding == 'hit' then

@@ -35,13 +35,15 @@ def server_now(client: Any) -> float:
     return int(seconds) + int(micros) / 1e6
 
 
-def _pool(url: str, name: str, lease_ttl: float) -> tuple[Any, FairAllocator]:
+def _pool(
+    url: str, name: str, lease_ttl: float, reclaim: bool = False
+) -> tuple[Any, FairAllocator]:
     """A client of ``url`` (``cluster://host:port``: a Redis Cluster client)."""
     if url.startswith("cluster://"):
         client: Any = redis.cluster.RedisCluster.from_url("redis://" + url[len("cluster://") :])
     else:
         client = redis.Redis.from_url(url)
-    return client, FairAllocator(client, name, lease_ttl=lease_ttl)
+    return client, FairAllocator(client, name, lease_ttl=lease_ttl, reclaim_on_disconnect=reclaim)
 
 
 # -- workers (run in the child) -------------------------------------------------
@@ -56,6 +58,7 @@ def leaser(
     ttl: float | None = None,
     lease_ttl: float = 60.0,
     wait_go: bool = False,
+    reclaim: bool = False,
 ) -> None:
     """Acquire one lease, report it, then carry out commands on it.
 
@@ -68,9 +71,10 @@ def leaser(
     ``("released", bool)`` (and the worker ends); ``("renew_every", s)``:
     renew every ``s`` seconds until the lease is lost, then report
     ``("lost", token)``, release, and report ``("released", bool)``;
-    ``"exit"``: end without releasing.
+    ``"exit"``: end without releasing. ``reclaim``: the pool's
+    ``reclaim_on_disconnect``.
     """
-    _client, pool = _pool(url, name, lease_ttl)
+    _client, pool = _pool(url, name, lease_ttl, reclaim)
     outbox.put(("ready", os.getpid()))
     if wait_go:
         assert inbox.get() == "go"
@@ -115,6 +119,7 @@ def async_leaser(
     outbox: Any,
     timeout: float | None = 60.0,
     ttl: float | None = None,
+    reclaim: bool = False,
 ) -> None:
     """The asyncio twin of :func:`leaser` (``wait_go`` always on): report
     ``("ready", pid)``, wait for ``"go"``, acquire with an
@@ -128,7 +133,7 @@ def async_leaser(
 
     async def run() -> None:
         client = redis.asyncio.Redis.from_url(url)
-        pool = AsyncFairAllocator(client, name)
+        pool = AsyncFairAllocator(client, name, reclaim_on_disconnect=reclaim)
         loop = asyncio.get_running_loop()
         outbox.put(("ready", os.getpid()))
         assert await loop.run_in_executor(None, inbox.get) == "go"
@@ -143,6 +148,28 @@ def async_leaser(
         await client.aclose()
 
     asyncio.run(run())
+
+
+def partitioned_holder(url: str, name: str, inbox: Any, outbox: Any) -> None:
+    """Hold a lease with ``reclaim_on_disconnect`` (ttl 5 s) and renew it
+    every 0.2 s until ``renew`` raises LeaseLost; transport errors (the
+    server out of reach) are let pass. Reports ``("granted", lease)``, then
+    ``("gave_up", time.time())``; then ``"release"`` -> ``("released",
+    bool)``."""
+    _client, pool = _pool(url, name, 60.0, reclaim=True)
+    lease = pool.acquire(10, ttl=5)
+    outbox.put(("granted", lease))
+    while True:
+        try:
+            lease = pool.renew(lease)
+        except LeaseLost:
+            outbox.put(("gave_up", time.time()))
+            break
+        except Exception:  # the server is out of reach: as a keepalive does
+            pass
+        time.sleep(0.2)
+    assert inbox.get() == "release"
+    outbox.put(("released", pool.release(lease)))
 
 
 def interrupted_through_the_reader(url: str, name: str, inbox: Any, outbox: Any) -> None:
@@ -215,7 +242,14 @@ def _write(ledger: Any, record: dict[str, Any]) -> None:
 
 
 def chaos_worker(
-    url: str, name: str, ledger_path: str, seed: int, stop: Any, ttl: float, hold: float
+    url: str,
+    name: str,
+    ledger_path: str,
+    seed: int,
+    stop: Any,
+    ttl: float,
+    hold: float,
+    reclaim: bool = False,
 ) -> None:
     """Lease, hold, release, again and again, until ``stop.value`` is set.
 
@@ -224,8 +258,9 @@ def chaos_worker(
     (start: after acquire returned, and the lease's deadline), ``renew`` (the
     new deadline), ``end`` (end: before release), ``release`` (its result).
     A worker killed at any point leaves a ledger that tells what it held.
+    ``reclaim``: the pool's ``reclaim_on_disconnect``.
     """
-    client, pool = _pool(url, name, ttl)
+    client, pool = _pool(url, name, ttl, reclaim)
     rng = random.Random(seed)
     with open(ledger_path, "a", encoding="utf-8") as ledger:
         while not stop.value:
@@ -237,7 +272,7 @@ def chaos_worker(
             _write(ledger, {
                 "kind": "begin", "pid": os.getpid(), "resource": lease.resource,
                 "token": lease.token, "granted_at": lease.granted_at,
-                "expires_at": lease.expires_at, "start": start,
+                "expires_at": lease.expires_at, "start": start, "ticket": lease.ticket,
             })  # fmt: skip
             time.sleep(rng.uniform(0, hold))
             if rng.random() < 0.3:
@@ -306,7 +341,7 @@ def fault_worker(
             _write(ledger, {
                 "kind": "begin", "pid": os.getpid(), "resource": lease.resource,
                 "token": lease.token, "granted_at": lease.granted_at,
-                "expires_at": lease.expires_at, "start": now(),
+                "expires_at": lease.expires_at, "start": now(), "ticket": lease.ticket,
             })  # fmt: skip
             time.sleep(rng.uniform(0, hold))
             if rng.random() < 0.3:

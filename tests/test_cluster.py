@@ -31,7 +31,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from _cluster import LocalCluster, Node
 from _workers import Proc, leaser, server_now
-from helpers import LoopThread, SyncView, wait_until
+from helpers import Background, LoopThread, SyncView, wait_until
 from redis.cluster import key_slot
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease, UnknownResource
@@ -472,6 +472,33 @@ def test_a_cluster_waiter_killed_at_the_head_holds_nobody_up(
         assert lease.granted_at - max(killed, released) < 2.0 + SLACK
         after.send("release")
         assert after.expect("released") is True
+    finally:
+        client.close()
+
+
+def test_a_cluster_holder_killed_is_reclaimed_at_once_with_reclaim_on_disconnect(
+    cluster: LocalCluster, procs: Callable[..., Proc]
+) -> None:
+    """The holder's presence is counted on its slot's master, where the
+    scripts run: with the option on, its lease ends within 2 s of its death."""
+    name, node = names_on_every_node(cluster, "reclaim")[1]
+    host, port = cluster.startup
+    client = redis.cluster.RedisCluster(host=host, port=port, decode_responses=True)
+    try:
+        pool = FairAllocator(client, name)
+        pool.extend(["r"])
+        holder = procs(leaser, f"cluster://{host}:{port}", name, reclaim=True)
+        holder.expect("ready")
+        held: Lease = holder.expect("granted")
+        wait_until(lambda: len(presence_channels(node, name)) == 1, what="present")
+        job = Background(lambda: pool.acquire(timeout=30))
+        wait_until(lambda: waiting(pool) == 1, what="the waiter queued")
+        holder.kill()
+        killed = server_now(node.client)
+        lease = job.join()
+        assert lease.granted_at - killed < 2.0 + SLACK
+        assert lease.token > held.token
+        assert pool.release(lease)
     finally:
         client.close()
 

@@ -132,6 +132,8 @@ def test_a_bad_int_is_refused_naming_it_and_nothing_is_written(
         ({"min_replicas": HUGE}, "min_replicas"),
         ({"min_replicas": -HUGE}, "min_replicas"),
         ({"min_replicas": 1.0}, "min_replicas"),
+        ({"reclaim_on_disconnect": 1}, "reclaim_on_disconnect"),
+        ({"reclaim_on_disconnect": "yes"}, "reclaim_on_disconnect"),
     ],
 )
 def test_a_bad_int_option_is_refused_at_construction(

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import redis
-from _workers import Proc, leaser, server_now
+from _proxy import PartitionProxy
+from _workers import Proc, async_leaser, leaser, partitioned_holder, server_now
 from helpers import Background, wait_until
 
 from allocator import FairAllocator, Lease, LeaseLost
@@ -165,3 +166,111 @@ def test_a_client_without_a_presence_shows_nobody_can_tell(factory: Any, pool_na
     assert [info.holder_present for info in pool.leases()] == [None]
     assert pool.status().absent_holders == 0
     pool.release(lease)
+
+
+# -- reclaim_on_disconnect: a dead holder's lease ends at once ----------------------
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_a_killed_holder_is_reclaimed_at_once_with_reclaim_on_disconnect(
+    redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc], kind: str
+) -> None:
+    """With the option on, the next waiter is served within 2 s of the
+    holder's death (off, at the lease's deadline: the test above)."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    worker = leaser if kind == "sync" else async_leaser
+    extra = {"wait_go": True} if kind == "sync" else {}
+    holder = procs(worker, redis_url, pool_name, reclaim=True, **extra)
+    holder.expect("ready")
+    holder.send("go")
+    held: Lease = holder.expect("granted")
+    assert held.expires_at - held.granted_at > 30  # far from its deadline
+    after = queue_one(pool, procs, redis_url, 1)
+    holder.kill()
+    killed = server_now(client)
+    got: Lease = after.expect("granted", timeout=10)
+    assert got.granted_at - killed < 2.0 + SLACK
+    assert got.token > held.token
+    assert pool.stats().reclaimed == 1
+    after.send("release")
+    assert after.expect("released") is True
+
+
+@pytest.mark.real_redis
+def test_a_holder_stopped_for_a_while_keeps_its_lease_with_reclaim_on_disconnect(
+    redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc]
+) -> None:
+    """SIGSTOP keeps the holder's connections open: the server does not end
+    its lease, and the holder, once resumed, does not give it up either
+    (its presence answers again). Waits 3 s of real time."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    holder = procs(leaser, redis_url, pool_name, reclaim=True)
+    holder.expect("ready")
+    held: Lease = holder.expect("granted")
+    waiter = queue_one(pool, procs, redis_url, 1)
+    holder.pause()
+    try:
+        stopped = server_now(client)
+        wait_until(lambda: server_now(client) > stopped + 3.0, what="3 s")
+        assert waiter.poll() is None
+        assert pool.status().absent_holders == 0
+    finally:
+        holder.resume()
+    holder.send("renew")
+    renewed: Lease = holder.expect("renewed")
+    assert renewed.token == held.token
+    holder.send("release")
+    assert holder.expect("released") is True
+    assert waiter.expect("granted").token > held.token
+    waiter.send("release")
+    assert waiter.expect("released") is True
+    assert pool.stats().reclaimed == 0
+
+
+@pytest.mark.real_redis
+def test_a_partitioned_holder_gives_its_lease_up_before_it_is_granted_again(
+    redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc]
+) -> None:
+    """A partition (a proxy that stops forwarding, closing nothing) leaves
+    the holder's socket open on the server, which cannot tell it from a
+    stall: the lease ends at its deadline (5 s), since no renewal gets
+    through. The holder, its presence unanswered for longer than the
+    grace, gives the lease up by itself first: ``renew`` raises LeaseLost
+    without reaching the server, and ``release`` returns False."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    with PartitionProxy(redis_url) as proxy:
+        holder = procs(partitioned_holder, proxy.url, pool_name)
+        held: Lease = holder.expect("granted")
+        waiter = queue_one(pool, procs, redis_url, 1)
+        wait_until(lambda: [i.holder_present for i in pool.leases()] == [True], what="present")
+        proxy.partition()
+        gave_up: float = holder.expect("gave_up", timeout=15)
+        got: Lease = waiter.expect("granted", timeout=15)
+        assert gave_up < got.granted_at
+        assert got.token > held.token
+        holder.send("release")
+        assert holder.expect("released", timeout=15) is False
+    waiter.send("release")
+    assert waiter.expect("released") is True
+
+
+@pytest.mark.real_redis
+def test_a_holder_that_never_waits_subscribes_again_when_its_presence_is_dropped(
+    redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc]
+) -> None:
+    """A holder has no reader rounds, whose heartbeat would notice: its
+    presence watch does (a restart or a failover drops every presence)."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    holder = procs(leaser, redis_url, pool_name)
+    holder.expect("ready")
+    holder.expect("granted")
+    wait_until(lambda: [i.holder_present for i in pool.leases()] == [True], what="present")
+    client.client_kill_filter(_type="pubsub")
+    wait_until(lambda: [i.holder_present for i in pool.leases()] == [True], what="back")
+    holder.send("release")
+    assert holder.expect("released") is True

@@ -73,6 +73,9 @@ class PoolBase:
     #: that a try stuck on a hung master gives way to one on the new master.
     call_budget: float = RETRY_BUDGET
     try_budget: float | None = None
+    #: Leases end once their holder's presence is gone for the grace
+    #: (CONTRACT.md 11; off by default): the acquires say so to the scripts.
+    reclaim_on_disconnect: bool = False
     _policy_checked: bool = attrs.field(default=False, repr=False)
 
     @classmethod
@@ -86,9 +89,14 @@ class PoolBase:
         min_replicas: object = 0,
         replica_timeout: object = 0.5,
         sentinel: bool = False,
+        reclaim_on_disconnect: object = False,
     ) -> Self:
         """``sentinel``: the client is Sentinel-managed (the shell tells)."""
         name = _text("name", name, MAX_NAME)
+        if not isinstance(reclaim_on_disconnect, bool):
+            raise TypeError(
+                f"reclaim_on_disconnect must be a bool, not {type(reclaim_on_disconnect).__name__}"
+            )
         prefix = _text("prefix", prefix, MAX_NAME)
         base = f"{_escape(prefix)}:{{{_escape(name)}}}"
         keys = (*tuple(f"{base}:{suffix}" for suffix in KEY_SUFFIXES), f"{base}:s:")
@@ -102,6 +110,7 @@ class PoolBase:
             replica_timeout=_seconds("replica_timeout", replica_timeout),
             call_budget=FAILOVER_BUDGET if sentinel else RETRY_BUDGET,
             try_budget=RETRY_BUDGET if sentinel else None,
+            reclaim_on_disconnect=reclaim_on_disconnect,
         )
 
     # -- replicas -------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import attrs
@@ -19,6 +20,11 @@ from .liveness import HEARTBEAT, alive_ms
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
 from .retry import SIDE_BUDGET, is_transient
 from .steps import RECHECK, Call, Flow, Wait
+
+
+def _never(lease: Lease) -> bool:
+    """Nothing was given up (the default of release and renew)."""
+    return False
 
 
 class Leasing(PoolBase):
@@ -106,12 +112,14 @@ class Leasing(PoolBase):
         mark_ms = alive_ms(cid)
         own = (*self.keys, self.signal_key(cid))
         flag = "1" if blocking else "0"
+        # Sent only where it is on, so that the common acquire stays as it was.
+        reclaim = ("1",) if self.reclaim_on_disconnect else ()
         many: tuple[str | int, ...] = ()
         if count is None:
             enqueue: Call[State] = Call(
                 "acquire",
                 own,
-                (lid, cid, ttl_ms, mark_ms, flag, bind or "", _ms(self.bind_ttl), owner),
+                (lid, cid, ttl_ms, mark_ms, flag, bind or "", _ms(self.bind_ttl), owner, *reclaim),
                 lambda reply: self._state("acquire", lid, reply),
             )
         else:
@@ -119,7 +127,7 @@ class Leasing(PoolBase):
             enqueue = Call(
                 "acquire_many",
                 own,
-                (lid, cid, ttl_ms, mark_ms, flag, count, owner),
+                (lid, cid, ttl_ms, mark_ms, flag, count, owner, *reclaim),
                 lambda reply: self._state("acquire_many", lid, reply),
             )
         poll: Call[State] | None = None  # made when first needed: most acquires never wait
@@ -290,7 +298,13 @@ class Leasing(PoolBase):
 
     # -- renew and release ---------------------------------------------------
 
-    def release(self, lease: object, quarantine: object) -> Flow[bool]:
+    def release(
+        self, lease: object, quarantine: object, gave_up: Callable[[Lease], bool] = _never
+    ) -> Flow[bool]:
+        """``gave_up``: whether this process gave the lease up (its
+        presence watch, allocator/_core/holding.py); such a lease is
+        released all the same, and the flow returns False whatever the
+        server says, or if it cannot be reached."""
         held = self._check_lease(lease)
         q_ms = "" if quarantine is None else str(_ms(_seconds("quarantine", quarantine, minimum=0)))
 
@@ -300,11 +314,18 @@ class Leasing(PoolBase):
                 raise _unexpected("release", reply)
             return tag == "released"
 
-        return self._single(Call("release", self.keys, (held.id, held.ticket, q_ms, ""), parse))
+        flow = self._single(Call("release", self.keys, (held.id, held.ticket, q_ms, ""), parse))
+        return _released_anyway(flow) if gave_up(held) else flow
 
-    def renew(self, lease: object, ttl: object) -> Flow[Lease]:
+    def renew(
+        self, lease: object, ttl: object, gave_up: Callable[[Lease], bool] = _never
+    ) -> Flow[Lease]:
+        """``gave_up`` as for :meth:`release`: such a lease is not renewed;
+        LeaseLost is raised here, before any I/O."""
         held = self._check_lease(lease)
         ttl_ms = _ms(_seconds("lease.ttl", held.ttl) if ttl is None else _seconds("ttl", ttl))
+        if gave_up(held):
+            raise self._given_up(held)
         call = self._renew_call(held, ttl_ms)
         if not self.min_replicas:
             return self._single(call)
@@ -330,6 +351,18 @@ class Leasing(PoolBase):
 
         return Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse)
 
+    def _given_up(self, lease: Lease) -> LeaseLost:
+        """What ``renew`` raises for a lease this process gave up: it ends
+        with its holder's presence (``reclaim_on_disconnect``), which went
+        unconfirmed for longer than the grace (allocator/_core/holding.py)."""
+        return LeaseLost(
+            self.name,
+            lease.resource,
+            lease.token,
+            "given up: this process's presence was unconfirmed for longer than the grace, "
+            "so the server may have ended it (reclaim_on_disconnect)",
+        )
+
     def lost_many(
         self,
         held: list[Lease],
@@ -348,6 +381,15 @@ class Leasing(PoolBase):
             if result is False:
                 return LeaseLost(self.name, lease.resource, lease.token, "lost while held")
         return next((r for r in released if isinstance(r, BaseException)), None)
+
+
+def _released_anyway(flow: Flow[bool]) -> Flow[bool]:
+    """The release of a lease this process gave up: tried all the same (it
+    frees the resource at once where the server can be reached), False
+    whatever comes of it."""
+    with contextlib.suppress(Exception):
+        yield from flow
+    return False
 
 
 @attrs.frozen
