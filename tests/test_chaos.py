@@ -1,17 +1,27 @@
-"""Chaos: workers lease, hold and release on a small pool while being SIGKILLed at random.
+"""Chaos: workers lease, hold and release on a small pool while being SIGKILLed
+and SIGSTOPped at random, with a gc job running.
 
 Worker processes (``_workers.chaos_worker``) lease from a pool of three
 resources (two exclusive, one of capacity 2) with short ttls, and write every
 lease to a ledger of their own, fsync'ed, with times read on the Redis server
-inside the lease. For about 12 s the test kills a random worker (seeded
-choice and pace) and starts a replacement; then the survivors go on for as
-long as it takes every lease and grant of a dead worker to run out, and stop.
+inside the lease. Every other worker uses ``reclaim_on_disconnect`` with a
+longer ttl (its dead holders' leases end about 1.5 s after their death, well
+before their deadline). For about 12 s the test kills a random worker (seeded
+choice and pace) and starts a replacement, or stops one for up to 3 s (it
+keeps its place and its leases); a ``gc_loop`` process runs ``gc()``
+meanwhile. Then the survivors go on for as long as it takes every lease and
+grant of a dead worker to run out, and stop.
 
 Checked on the ledgers, not on the library's own bookkeeping:
 
 - no resource ever had more holders at once than its capacity, where a
-  killed holder counts until its lease's deadline;
+  holder counts until the end of its lease (a stopped one too) or its death;
+- a killed holder without the option held its resource until its lease's
+  deadline (nothing was granted again before it); one with the option had
+  it back before its deadline;
 - fencing tokens strictly grow per resource, in grant order;
+- FIFO: leases were granted in the order of their tickets (the order in
+  which their requests queued);
 - the pool ends whole: after the survivors finish and one ``gc()``, every
   resource is free and nobody waits.
 
@@ -23,7 +33,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
+import signal
 import statistics
 import time
 from collections.abc import Iterator
@@ -32,8 +44,8 @@ from typing import Any
 
 import pytest
 import redis
-from _workers import CTX, chaos_worker, server_now
-from helpers import wait_until
+from _workers import CTX, chaos_worker, gc_loop, server_now
+from helpers import ticket_key, wait_until
 
 from allocator import FairAllocator
 from allocator._core.liveness import ALIVE, GRACE
@@ -44,6 +56,12 @@ SEED = 20240611
 RESOURCES = {"a": 1, "b": 1, "c": 2}
 WORKERS = 5
 TTL = 1.5
+#: The ttl of the workers with ``reclaim_on_disconnect``: long enough that a
+#: lease ended by its holder's death is told from one that expired.
+RECLAIM_TTL = 6.0
+#: Longest SIGSTOP: well inside the liveness mark of a client with a
+#: presence (ALIVE_PRESENT), so a stopped waiter keeps its place.
+STOP = 3.0
 HOLD = 0.4  # longest hold between two steps of a lease
 KILL_PHASE = 12.0
 #: A grant pushed to a waiter is taken back if not picked up within this
@@ -54,14 +72,27 @@ PICKUP = 2.0
 class Worker:
     def __init__(self, url: str, name: str, folder: Path, number: int, stop: Any) -> None:
         self.ledger = folder / f"ledger-{number:03d}.jsonl"
+        self.reclaim = number % 2 == 1
+        self.ttl = RECLAIM_TTL if self.reclaim else TTL
         self.process = CTX.Process(
             target=chaos_worker,
-            args=(url, name, str(self.ledger), SEED * 1000 + number, stop, TTL, HOLD),
+            # (It holds longer too, so that kills often find it holding.)
+            args=(
+                url,
+                name,
+                str(self.ledger),
+                SEED * 1000 + number,
+                stop,
+                self.ttl,
+                HOLD * (3 if self.reclaim else 1),
+            ),
+            kwargs={"reclaim": self.reclaim},
             daemon=True,
         )
         self.process.start()
         self.pid: int = self.process.pid  # type: ignore[assignment]
         self.killed_at: float | None = None
+        self.resume_at = 0.0
 
 
 @pytest.fixture
@@ -70,7 +101,7 @@ def workers() -> Iterator[list[Worker]]:
     yield made
     for worker in made:
         if worker.process.is_alive():
-            worker.process.kill()
+            worker.process.kill()  # a stopped process dies of it too
         worker.process.join(10)
 
 
@@ -96,6 +127,7 @@ class Held:
     def __init__(self, begin: dict[str, Any], worker: Worker) -> None:
         self.resource: str = begin["resource"]
         self.token: int = begin["token"]
+        self.ticket: str = begin["ticket"]
         self.granted_at: float = begin["granted_at"]
         self.start: float = begin["start"]
         self.expires_at: float = begin["expires_at"]
@@ -106,10 +138,11 @@ class Held:
     @property
     def until(self) -> float:
         """Until when this holder was inside: its end, but never past its
-        lease's deadline; a holder that never ended was killed and counts
-        until its deadline."""
+        lease's deadline; a holder that never ended was killed, and counts
+        until its death or its deadline, whichever came first (a stopped
+        holder lives: it counts to its end)."""
         if self.end is None:
-            return self.expires_at
+            return min(self.expires_at, self.worker.killed_at or self.expires_at)
         return min(self.end, self.expires_at)
 
 
@@ -158,25 +191,50 @@ def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: 
     workers.extend(live)
     wait_until(lambda: any(w.ledger.exists() for w in live), timeout=30, what="a first lease")
 
-    # Kill at random, and replace; the pace and the victims come from SEED.
+    gc_in, gc_out = CTX.Queue(), CTX.Queue()
+    gc_job = CTX.Process(target=gc_loop, args=(redis_url, pool_name, gc_in, gc_out, 0.3))
+    gc_job.start()
+
+    # Kill or stop at random (a killed worker is replaced); the pace, the
+    # victims and the stops come from SEED.
     ends = time.monotonic() + KILL_PHASE
     last_kill = server_now(client)
+    stops = 0
     while time.monotonic() < ends:
         time.sleep(rng.uniform(0.2, 1.0))
-        victim = live.pop(rng.randrange(len(live)))
+        for worker in live:  # stops that are over
+            if worker.resume_at and time.monotonic() >= worker.resume_at:
+                os.kill(worker.pid, signal.SIGCONT)
+                worker.resume_at = 0.0
+        running = [w for w in live if not w.resume_at]
+        victim = running[rng.randrange(len(running))]
+        if rng.random() < 0.35:
+            os.kill(victim.pid, signal.SIGSTOP)
+            victim.resume_at = time.monotonic() + rng.uniform(0.5, STOP)
+            stops += 1
+            continue
+        live.remove(victim)
         victim.process.kill()
         victim.process.join(10)
         victim.killed_at = last_kill = server_now(client)
         fresh = Worker(redis_url, pool_name, folder, next(numbers), stop)
         live.append(fresh)
         workers.append(fresh)
+    for worker in live:
+        if worker.resume_at:
+            os.kill(worker.pid, signal.SIGCONT)
+            worker.resume_at = 0.0
 
     # The survivors go on until whatever a dead worker held or was granted
     # has run out: its leases (ttl), and grants pushed to it while it still
     # looked alive (liveness window, then the pick-up window).
-    settled = last_kill + max(TTL, ALIVE + PICKUP) + 1.0
+    settled = last_kill + max(RECLAIM_TTL, ALIVE + PICKUP) + 1.0
     wait_until(lambda: server_now(client) > settled, timeout=30, what="dead workers' leases ended")
     stop.value = 1
+    gc_in.put("stop")
+    while gc_out.get(timeout=30)[0] != "stopped":
+        pass
+    gc_job.join(30)
     for worker in live:
         worker.process.join(30)
         assert worker.process.exitcode == 0, (
@@ -194,16 +252,18 @@ def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: 
     grants = collect(workers)
     kills = [w for w in workers if w.killed_at is not None]
 
-    # Recovery: a holder killed inside its lease -> the next grant of its resource.
-    recovery, after_deadline = [], []
+    # Recovery: a holder killed inside its lease -> the next grant of its
+    # resource, with and without reclaim_on_disconnect.
+    recovery: dict[bool, list[float]] = {False: [], True: []}
+    after_deadline: dict[bool, list[float]] = {False: [], True: []}
     for g in grants:
         if g.end is not None or g.worker.killed_at is None:
             continue
         later = [h for h in grants if h.resource == g.resource and h.granted_at > g.granted_at]
         if RESOURCES[g.resource] == 1 and later:
             nxt = min(later, key=lambda h: h.granted_at)
-            recovery.append(nxt.granted_at - g.worker.killed_at)
-            after_deadline.append(nxt.granted_at - g.expires_at)
+            recovery[g.worker.reclaim].append(nxt.granted_at - g.worker.killed_at)
+            after_deadline[g.worker.reclaim].append(nxt.granted_at - g.expires_at)
 
     def summary(values: list[float]) -> dict[str, float]:
         if not values:
@@ -220,8 +280,11 @@ def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: 
         "kills": len(kills),
         "killed_holding": sum(1 for g in grants if g.end is None),
         "lost_at_release": sum(1 for g in grants if g.released is False),
-        "holder death -> next grant (s)": summary(recovery),
-        "lease deadline -> next grant (s)": summary(after_deadline),
+        "stops": stops,
+        "holder death -> next grant (s)": summary(recovery[False]),
+        "lease deadline -> next grant (s)": summary(after_deadline[False]),
+        "reclaim_on_disconnect: holder death -> next grant (s)": summary(recovery[True]),
+        "reclaim_on_disconnect: lease deadline -> next grant (s)": summary(after_deadline[True]),
         "final gc": {"reclaimed": report.reclaimed, "dropped_waiters": report.dropped_waiters},
     }
     out = Path(tmp_path.parent) / "chaos_recovery.json"
@@ -252,6 +315,14 @@ def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: 
         for before, after in itertools.pairwise(mine):
             if after.granted_at > before.granted_at:
                 assert after.token > before.token, (resource, before.token, after.token)
+    # A dead holder's lease ended at its deadline, or before it where it
+    # asked for that (about 1.5 s after its death, with a ttl of 6 s).
+    assert all(t >= 0 for t in after_deadline[False]), after_deadline[False]
+    assert all(t < 0 for t in after_deadline[True]), after_deadline[True]
+    # FIFO: leases were granted in the order their requests queued.
+    by_ticket = sorted(grants, key=lambda g: ticket_key(g.ticket))
+    for before, after in itertools.pairwise(by_ticket):
+        assert before.granted_at <= after.granted_at, (before.ticket, after.ticket)
     # A lease that was released live never overlapped its deadline.
     for g in grants:
         if g.released and g.end is not None:
