@@ -8,8 +8,10 @@ A private redis-server from PATH. Each run: the script holds the pool's one
 resource; waiter A (a process) queues, then waiter B; A is SIGKILLed and the
 resource released at once; the time from the later of the two to B's grant
 is read on the server's clock. Then a holder process is SIGKILLed and the
-time until ``status().absent_holders`` shows it is measured. Prints p50 and
-the maximum of each.
+time until ``status().absent_holders`` shows it is measured. Last, a holder
+with ``reclaim_on_disconnect`` is SIGKILLed while a waiter (a process)
+waits, and the time from the kill to the waiter's grant is read on the
+server's clock. Prints p50 and the maximum of each.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def waiter(url: str, name: str, out: Any) -> None:
     pool.release(lease)
 
 
-def holder(url: str, name: str, out: Any) -> None:
-    pool = FairAllocator(redis.Redis.from_url(url), name)
+def holder(url: str, name: str, out: Any, reclaim: bool = False) -> None:
+    pool = FairAllocator(redis.Redis.from_url(url), name, reclaim_on_disconnect=reclaim)
     pool.acquire(timeout=60)
     out.put("held")
     time.sleep(3600)
@@ -96,6 +98,26 @@ def dead_holder(url: str, client: Any) -> float:
     return time.monotonic() - killed
 
 
+def reclaimed_holder(url: str, client: Any) -> float:
+    name = f"pt-{uuid.uuid4().hex[:8]}"
+    pool = FairAllocator(client, name)
+    pool.extend(["r"])
+    out = CTX.Queue()
+    proc = CTX.Process(target=holder, args=(url, name, out, True), daemon=True)
+    proc.start()
+    out.get(timeout=30)
+    granted = CTX.Queue()
+    next_one = CTX.Process(target=waiter, args=(url, name, granted), daemon=True)
+    next_one.start()
+    until(lambda: pool.status().waiting == 1)
+    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    proc.join()
+    killed = now(client)
+    at = granted.get(timeout=60)
+    next_one.join()
+    return float(at - killed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -103,7 +125,9 @@ def main() -> None:
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         for what, measure in (("dead waiter -> next grant", dead_waiter),
-                              ("dead holder -> shown gone", dead_holder)):  # fmt: skip
+                              ("dead holder -> shown gone", dead_holder),
+                              ("dead holder, reclaim_on_disconnect -> next grant",
+                               reclaimed_holder)):  # fmt: skip
             times = [measure(server.url, client) for _ in range(runs)]
             print(
                 f"{what}: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s "
