@@ -47,7 +47,7 @@ from ._core.steps import (
     Subscribe,
     Wait,
 )
-from ._presence import AsyncPresence
+from ._presence import AsyncPresence, refused
 from ._scripts import Scripts, scripts
 from ._transport import (
     heartbeat_for,
@@ -313,10 +313,13 @@ class Reader:
                 continue
             self.holds.unanswered()
             if answer is None or self.holds.hopeless(self.loop.time()):
+                tried = self.loop.time()
                 try:
                     await self._subscribe_again(self.hub.channels())
                 except Exception as exc:  # the next PING tries again
                     _log.debug("allocator: presence not subscribed again yet: %r", exc)
+                    if refused(self._client, exc):
+                        self.holds.refused(tried)
 
     async def _subscribe_again(self, channels: list[str]) -> None:
         """Same as the sync reader's."""

@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.retry import RETRY_BUDGET, is_transient
-from ._transport import is_cluster, no_client_retries
+from ._transport import is_cluster, is_sentinel, no_client_retries
 
 __all__ = ["AsyncPresence", "Presence"]
 
@@ -46,6 +46,20 @@ def _answers(reply: Any, token: str) -> bool:
     token]`` in a subscribed RESP2 connection, ``token`` in RESP3."""
     items = reply if isinstance(reply, (list, tuple)) else [reply]
     return any((item.decode() if isinstance(item, bytes) else item) == token for item in items)
+
+
+def refused(client: Any, error: BaseException) -> bool:
+    """Whether ``error`` says that ``client``'s one server refused a
+    connection (it was not running): not for a cluster or Sentinel client,
+    whose server may have changed (allocator/_core/holding.py)."""
+    if is_cluster(client) or is_sentinel(client):
+        return False
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class Presence:

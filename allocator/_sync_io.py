@@ -52,7 +52,7 @@ from ._core.steps import (
     Subscribe,
     Wait,
 )
-from ._presence import Presence
+from ._presence import Presence, refused
 from ._scripts import Scripts, scripts
 from ._transport import (
     heartbeat_for,
@@ -416,10 +416,14 @@ class Reader:
                 if answer is not None and not self.holds.hopeless(time.monotonic()):
                     continue
                 channels = self.hub.channels()
+            tried = time.monotonic()
             try:
                 self._subscribe_again(channels)
             except Exception as exc:  # the next PING tries again
                 _log.debug("allocator: presence not subscribed again yet: %r", exc)
+                if refused(self._client, exc):
+                    with self._lock:
+                        self.holds.refused(tried)
 
     def _subscribe_again(self, channels: list[str]) -> None:
         """Subscribe the presence again on a new connection (it broke, or

@@ -27,7 +27,7 @@ import _servers
 import pytest
 import redis
 from _workers import Proc
-from helpers import LoopThread, SyncView, close_steppers
+from helpers import LoopThread, SyncView, close_steppers, end_presence_watches
 
 from allocator import AsyncFairAllocator, FairAllocator
 from allocator._server import RedisServer, find_redis_server
@@ -132,6 +132,12 @@ def _no_stepper_left() -> Iterator[None]:
     leaves it half-way must not leave its reader waiting for it."""
     yield
     close_steppers()
+
+
+@pytest.fixture(autouse=True)
+def _no_watch_left() -> Iterator[None]:
+    yield
+    end_presence_watches()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from allocator import AsyncFairAllocator, FairAllocator
+from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io
+from allocator._core.holding import Holds
 from allocator._core.steps import RECHECK, Call, Sleep, Wait
 
 
@@ -62,6 +63,22 @@ _STEPPERS: list[Stepper] = []
 def close_steppers() -> None:
     while _STEPPERS:
         _STEPPERS.pop().close()
+
+
+def end_presence_watches() -> None:
+    """Forget what every reader of this process holds, so that its presence
+    watch ends: a test that ends with leases held, perhaps on a server it
+    stopped, must not leave a watch probing (and reconnecting) into the
+    next test."""
+    for registry in (_sync_io._REGISTRY, _async_io._REGISTRY):
+        for readers in list(registry.values()):
+            for reader in list(readers.values()):
+                reader.holds = Holds()
+                if isinstance(reader, _sync_io.Reader):
+                    watcher = reader._watcher
+                    reader._unwatch.set()
+                    if watcher is not None:
+                        watcher.join(5)
 
 
 class Stepper:

@@ -72,3 +72,17 @@ def test_a_connection_unconfirmed_for_long_is_given_up() -> None:
     holds.unanswered()
     assert not holds.hopeless(1.0 + GIVE_UP - 0.1)
     assert holds.hopeless(1.0 + GIVE_UP + 0.1)
+
+
+def test_a_refused_connection_moves_the_gap_on() -> None:
+    """The server was not running when it refused: a restart however long
+    loses nothing if the presence is back within the grace of its return."""
+    holds = Holds()
+    holds.hold("a", 0.0, 60.0, reclaim=True)
+    holds.confirmed(1.0)
+    holds.unanswered()
+    for at in (1.5, 2.5, 3.5, 4.5):  # the watch's tries while it is down
+        holds.refused(at)
+        assert not holds.lost("a", at + 0.2)
+    holds.confirmed(4.5 + GRACE - 0.1)
+    assert not holds.lost("a", 10.0)

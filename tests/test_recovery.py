@@ -34,7 +34,7 @@ from helpers import Background, wait_until
 
 from allocator import AsyncFairAllocator, FairAllocator, Lease, LeaseLost
 from allocator._core.keys import KEY_SUFFIXES
-from allocator._core.liveness import ALIVE
+from allocator._core.liveness import ALIVE, GRACE
 from allocator._server import RedisServer
 
 pytestmark = pytest.mark.real_redis
@@ -352,12 +352,17 @@ def test_restart_with_appendonly_keeps_leases_and_queue_order(
         pool = FairAllocator(client, pool_name)
         pool.extend(["r"])
         # Its lease ends once its presence is gone for the grace: the
-        # restart drops it, and it must come back in time.
+        # restart drops it, and it must come back in time. The server stays
+        # down for longer than the grace: it cannot count the time it is
+        # down against anybody.
         holder, held = hold(procs, server.url, pool_name, ttl=60.0, reclaim=True)
         waiters = [procs(leaser, server.url, pool_name, wait_go=True) for _ in range(3)]
         queue_in_order(pool, waiters)
 
-        server.restart(kill=kill)
+        server.stop(kill=kill)
+        down = time.monotonic()
+        wait_until(lambda: time.monotonic() > down + 2 * GRACE, what="down for two graces")
+        server.start()
         back = server_now(client)
         wait_until(lambda: server_now(client) > back + 2.0, what="a grace and its checks")
         assert [info.holder_present for info in pool.leases()] == [True]

@@ -42,7 +42,15 @@ from .replies import (
     request_of,
     server_refusal,
 )
-from .retry import FAILOVER_BUDGET, MIN_TRY, RETRY_BUDGET, SIDE_BUDGET, Retrier, try_deadline
+from .retry import (
+    BACKOFF_CAP,
+    FAILOVER_BUDGET,
+    MIN_TRY,
+    RETRY_BUDGET,
+    SIDE_BUDGET,
+    Retrier,
+    try_deadline,
+)
 from .steps import RECHECK, Call, Command, Flow, Sleep
 
 _log = logging.getLogger("allocator")
@@ -270,9 +278,11 @@ class PoolBase:
         deadline: float | None = None,
         attempts: int | None = None,
         per_try: float | None = None,
+        cap: float = BACKOFF_CAP,
     ) -> Flow[T]:
-        """Run ``call``, retrying transient errors with backoff: until
-        ``deadline`` (monotonic; None: for ever) or for ``attempts`` tries.
+        """Run ``call``, retrying transient errors with backoff (at most
+        ``cap`` seconds between two tries): until ``deadline`` (monotonic;
+        None: for ever) or for ``attempts`` tries.
         Every script is safe to run again after a reply was lost. (A script
         the server no longer has never gets here: the shells run a call
         that meets NOSCRIPT again at once by the script's text, EVAL.)
@@ -290,7 +300,7 @@ class PoolBase:
                 reply = yield call
             except Exception as exc:
                 if retrier is None:
-                    retrier = Retrier(call.script, deadline=deadline, attempts=attempts)
+                    retrier = Retrier(call.script, deadline=deadline, attempts=attempts, cap=cap)
                 delay = retrier.next_delay(exc)
                 if delay is None:
                     refused = server_refusal(exc)

@@ -17,7 +17,10 @@ once its presence has gone unconfirmed for longer than the grace since
 then (a partition, a connection the server dropped, subscribed again too
 late): from then on, ``renew`` and the exit of ``lease()`` raise
 ``LeaseLost``. A stall of the whole process (SIGSTOP) loses nothing: the
-connection stays open, and the first PING after it is answered."""
+connection stays open, and the first PING after it is answered. Nor does a
+restart of the server, however long, where a connection refused shows
+that it was down (no script ran), and the presence is subscribed again
+within the grace of its return."""
 
 from __future__ import annotations
 
@@ -60,7 +63,8 @@ class Holds:
         #: The last confirmation before the connection stopped answering,
         #: while it does not (None: it answers).
         self._down_since: float | None = None
-        self._idle_since: float | None = None
+        #: Since when nothing is held (None: something is).
+        self._idle_since: float | None = float("-inf")
 
     def hold(self, lid: str, now: float, ttl: float, reclaim: bool) -> None:
         """Lease ``lid`` was granted (``reclaim``: it ends with its holder's
@@ -109,6 +113,15 @@ class Holds:
         if self._down_since is None:
             self._down_since = self._ok_at
 
+    def refused(self, at: float) -> None:
+        """A connection to the server, tried at ``at``, was refused: the
+        server was not running then, so no script can have found this
+        client absent before (a restart). Only for a client with one
+        server address: a refusal from a master that failed says nothing
+        of the new one."""
+        if self._down_since is not None:
+            self._down_since = max(self._down_since, at)
+
     def hopeless(self, now: float) -> bool:
         """Whether the connection has gone unconfirmed so long that the
         watch subscribes on a new one."""
@@ -125,9 +138,9 @@ class Holds:
             return PROBE
         if self._held:
             return HEARTBEAT
-        if self._idle_since is not None and now - self._idle_since > LINGER:
-            return None
-        return HEARTBEAT
+        if self._idle_since is None or now - self._idle_since <= LINGER:
+            return HEARTBEAT
+        return None
 
     @property
     def holding(self) -> bool:

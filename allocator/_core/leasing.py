@@ -16,7 +16,7 @@ from .._values import Lease
 from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
-from .liveness import HEARTBEAT, alive_ms
+from .liveness import GRACE, HEARTBEAT, alive_ms
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
 from .retry import SIDE_BUDGET, is_transient
 from .steps import RECHECK, Call, Flow, Wait
@@ -138,10 +138,18 @@ class Leasing(PoolBase):
         trouble: BaseException | None = None
 
         def attempt(call: Call[State]) -> Flow[State]:
+            # While this flow retries a look, it does not lead its client's
+            # reader rounds (allocator/_core/lead.py): after a restart or a
+            # failover, it must be back within the presence grace, or, if
+            # it alone waits in its process, nobody subscribes the client
+            # again in time and it loses its place (as the hub's own
+            # retries, half a grace at most between two tries).
             try:
                 if not self.min_replicas:
                     return (
-                        yield from self._retrying(call, deadline=deadline, per_try=self.try_budget)
+                        yield from self._retrying(
+                            call, deadline=deadline, per_try=self.try_budget, cap=GRACE / 2
+                        )
                     )
                 return (yield from self._look_confirmed(call, deadline))
             except Exception as exc:
@@ -252,7 +260,7 @@ class Leasing(PoolBase):
         reply counts only once confirmed, else it is released and
         :class:`NotReplicated` raised."""
         state, replicas = yield from self._retrying(
-            self._confirmed(call), deadline=deadline, per_try=self.try_budget
+            self._confirmed(call), deadline=deadline, per_try=self.try_budget, cap=GRACE / 2
         )
         if isinstance(state, Lease) and replicas < self.min_replicas:
             raise (yield from self._give_back(state, replicas))
