@@ -176,7 +176,9 @@ class Presence:
         # Connected here, once: through the PubSub, a timed-out handshake
         # would be tried again (redis-py reconnects), doubling the time.
         conn.connect()
-        conn.register_connect_callback(pubsub.on_connect)
+        # (Public since redis-py 5.1; 5.0 has it under its private name.)
+        register = getattr(conn, "register_connect_callback", None)
+        (register or conn._register_connect_callback)(pubsub.on_connect)
         pubsub.connection = conn
         return pubsub
 
@@ -259,7 +261,14 @@ class AsyncPresence:
             self._pubsub = self._client.pubsub()
         if self._sharded:
             try:
-                await self._pubsub.ssubscribe(*channels)
+                if hasattr(self._pubsub, "ssubscribe"):
+                    await self._pubsub.ssubscribe(*channels)
+                else:
+                    # redis-py < 8 has no sharded channels in asyncio: the
+                    # command as it is (the PubSub does not know of them,
+                    # which nothing here needs: a new connection subscribes
+                    # again, not the PubSub).
+                    await self._pubsub.execute_command("SSUBSCRIBE", *channels)
                 await self._confirm(len(channels), budget)
                 return
             except ResponseError as exc:
