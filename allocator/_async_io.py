@@ -308,18 +308,15 @@ class Reader:
             await asyncio.sleep(period)
             sent = self.loop.time()
             answer = await presence.probe(PROBE_WAIT)
-            if answer:
-                self.holds.confirmed(sent)
+            if not self.holds.probed(answer, sent, self.loop.time()):
                 continue
-            self.holds.unanswered()
-            if answer is None or self.holds.hopeless(self.loop.time()):
-                tried = self.loop.time()
-                try:
-                    await self._subscribe_again(self.hub.channels())
-                except Exception as exc:  # the next PING tries again
-                    _log.debug("allocator: presence not subscribed again yet: %r", exc)
-                    if refused(self._client, exc):
-                        self.holds.refused(tried)
+            tried = self.loop.time()
+            try:
+                await self._subscribe_again(self.hub.channels())
+            except Exception as exc:  # the next PING tries again
+                _log.debug("allocator: presence not subscribed again yet: %r", exc)
+                if refused(self._client, exc):
+                    self.holds.refused(tried)
 
     async def _subscribe_again(self, channels: list[str]) -> None:
         """Same as the sync reader's."""

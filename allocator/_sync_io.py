@@ -409,11 +409,7 @@ class Reader:
             sent = time.monotonic()
             answer = presence.probe(PROBE_WAIT)
             with self._lock:
-                if answer:
-                    self.holds.confirmed(sent)
-                    continue
-                self.holds.unanswered()
-                if answer is not None and not self.holds.hopeless(time.monotonic()):
+                if not self.holds.probed(answer, sent, time.monotonic()):
                     continue
                 channels = self.hub.channels()
             tried = time.monotonic()
@@ -495,7 +491,6 @@ class Reader:
         with self._lock:
             if not self.hub.waiting and self.lead.leader is None:
                 self._release_connection()
-        with self._lock:
             idle = not self.hub.waiting and not self.holds.holding
         if self.presence is not None and idle:
             self._unwatch.set()

@@ -86,3 +86,13 @@ def test_a_refused_connection_moves_the_gap_on() -> None:
         assert not holds.lost("a", at + 0.2)
     holds.confirmed(4.5 + GRACE - 0.1)
     assert not holds.lost("a", 10.0)
+
+
+def test_after_a_ping_the_watch_subscribes_again_only_when_it_broke_or_is_hopeless() -> None:
+    holds = Holds()
+    holds.hold("a", 0.0, 60.0, reclaim=True)
+    assert holds.probed(True, 1.0, 1.1) is False
+    assert holds.probed(False, 1.25, 1.5) is False  # not yet answered: wait
+    assert holds.probed(None, 1.5, 1.6) is True  # broke
+    assert holds.probed(False, 3.0, 1.0 + GIVE_UP + 0.1) is True  # unanswered too long
+    assert holds.lost("a", 1.0 + GIVE_UP + 0.1)

@@ -113,6 +113,16 @@ class Holds:
         if self._down_since is None:
             self._down_since = self._ok_at
 
+    def probed(self, answer: bool | None, sent: float, now: float) -> bool:
+        """The PING sent at ``sent`` was answered (``answer`` True), not yet
+        (False), or the connection broke (None). Returns whether the watch
+        subscribes again on a new connection."""
+        if answer:
+            self.confirmed(sent)
+            return False
+        self.unanswered()
+        return answer is None or self.hopeless(now)
+
     def refused(self, at: float) -> None:
         """A connection to the server, tried at ``at``, was refused: the
         server was not running then, so no script can have found this

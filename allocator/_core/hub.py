@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from .keys import PICK
-from .liveness import ACK_GIVE_UP, GRACE, PRESENT, alive_ms, silence
+from .liveness import ACK_GIVE_UP, PRESENT, WAITER_BACKOFF, alive_ms, silence
 from .pool import Pool
 from .replicas import check_slot
 from .replies import _decode, _tagged, _unexpected, request_of
@@ -82,11 +82,9 @@ class Hub:
         #: round goes through): a waiter whose time runs out meanwhile
         #: chains it to its AcquireTimeout.
         self.trouble: BaseException | None = None
-        # Back off no longer than half a presence grace between two tries:
-        # after a restart or a failover, the reader's next heartbeat (which
-        # refreshes its client and subscribes it again) must come within
-        # the grace, or its waiters lose their place for the outage.
-        self._retrier = Retrier("waiting-list reader", cap=GRACE / 2)
+        # The next heartbeat after an outage refreshes the client and
+        # subscribes it again (liveness.WAITER_BACKOFF).
+        self._retrier = Retrier("waiting-list reader", cap=WAITER_BACKOFF)
         self._refusals = 0
         self._failing_since: float | None = None
 

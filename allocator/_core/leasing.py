@@ -16,7 +16,7 @@ from .._values import Lease
 from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
-from .liveness import GRACE, HEARTBEAT, alive_ms
+from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
 from .retry import SIDE_BUDGET, is_transient
 from .steps import RECHECK, Call, Flow, Wait
@@ -139,16 +139,14 @@ class Leasing(PoolBase):
 
         def attempt(call: Call[State]) -> Flow[State]:
             # While this flow retries a look, it does not lead its client's
-            # reader rounds (allocator/_core/lead.py): after a restart or a
-            # failover, it must be back within the presence grace, or, if
-            # it alone waits in its process, nobody subscribes the client
-            # again in time and it loses its place (as the hub's own
-            # retries, half a grace at most between two tries).
+            # reader rounds (allocator/_core/lead.py): if it alone waits in
+            # its process, nobody else subscribes the client again after an
+            # outage (liveness.WAITER_BACKOFF, as the hub's own retries).
             try:
                 if not self.min_replicas:
                     return (
                         yield from self._retrying(
-                            call, deadline=deadline, per_try=self.try_budget, cap=GRACE / 2
+                            call, deadline=deadline, per_try=self.try_budget, cap=WAITER_BACKOFF
                         )
                     )
                 return (yield from self._look_confirmed(call, deadline))
@@ -260,7 +258,7 @@ class Leasing(PoolBase):
         reply counts only once confirmed, else it is released and
         :class:`NotReplicated` raised."""
         state, replicas = yield from self._retrying(
-            self._confirmed(call), deadline=deadline, per_try=self.try_budget, cap=GRACE / 2
+            self._confirmed(call), deadline=deadline, per_try=self.try_budget, cap=WAITER_BACKOFF
         )
         if isinstance(state, Lease) and replicas < self.min_replicas:
             raise (yield from self._give_back(state, replicas))

@@ -40,6 +40,12 @@ ALIVE_PRESENT = 11.0
 #: its channel) before it counts as gone, counted from the first script run
 #: that found it so: a reconnect's time (GRACE_MS in lua/prelude.lua).
 GRACE = 1.0
+#: The longest pause between two tries of what keeps a waiter's place (its
+#: reader's rounds, its own looks at the queue) while the server is out of
+#: reach: after a restart or a failover, its client must be subscribed
+#: again well within the grace, or its waiters lose their place for the
+#: outage.
+WAITER_BACKOFF = GRACE / 2
 #: The first characters of the id of a client that keeps a presence.
 PRESENT = "p."
 
