@@ -307,6 +307,11 @@ class AsyncFairAllocator:
         reader.renewed(renewed)
         return renewed
 
+    def lost(self, lease: Lease) -> bool:
+        """Same as :meth:`FairAllocator.lost <allocator.FairAllocator.lost>`
+        (no I/O, so not a coroutine)."""
+        return self._reader().lost(lease)
+
     async def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
         """Same as :meth:`FairAllocator.release <allocator.FairAllocator.release>`, awaitable."""
         reader = self._reader()

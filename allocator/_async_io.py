@@ -255,6 +255,7 @@ class Reader:
         self.presence = AsyncPresence(client) if keeps_presence(client) else None
         self.holds = Holds()
         self._watcher: asyncio.Task[None] | None = None
+        self._beat_generation = 0
 
     @property
     def cid(self) -> str:
@@ -289,6 +290,9 @@ class Reader:
         now = self.loop.time()
         for lease in leases:
             self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
+        self._ensure_watch()
+
+    def _ensure_watch(self) -> None:
         if self._watcher is None or self._watcher.done():
             self._watcher = self.loop.create_task(self._watch())
 
@@ -302,31 +306,62 @@ class Reader:
         return self.holds.lost(lease.id, self.loop.time())
 
     async def _watch(self) -> None:
+        """Same as the sync reader's, as a task."""
         presence = self.presence
         assert presence is not None
-        while (period := self.holds.period(self.loop.time())) is not None:
-            await asyncio.sleep(period)
-            sent = self.loop.time()
-            answer = await presence.probe(PROBE_WAIT)
-            if not self.holds.probed(answer, sent, self.loop.time()):
+        while (period := self.holds.period(self.loop.time(), self.hub.waiting)) is not None:
+            if self.holds.fresh:  # the last confirmation of the return failed
+                await self._confirm_return()
+            connected = await presence.listen(period)
+            if _cancelling(asyncio.current_task()):
+                # (redis-py's timed read can take a cancellation for its
+                # own timeout and return: the watch ends all the same.)
+                raise asyncio.CancelledError
+            if connected and self.holds.probing:
+                sent = self.loop.time()
+                answer = await presence.probe(PROBE_WAIT)
+                if not self.holds.probed(answer, sent, self.loop.time()):
+                    continue
+            elif connected:
+                continue
+            channels = self.hub.channels()
+            if not channels:
+                await asyncio.sleep(period)
                 continue
             tried = self.loop.time()
             try:
-                await self._subscribe_again(self.hub.channels())
-            except Exception as exc:  # the next PING tries again
+                await self._subscribe_again(channels)
+            except Exception as exc:  # tried again after a short pause
                 _log.debug("allocator: presence not subscribed again yet: %r", exc)
                 if refused(self._client, exc):
                     self.holds.refused(tried)
+                await asyncio.sleep(self.holds.retry_in())
 
-    async def _subscribe_again(self, channels: list[str]) -> None:
+    async def _subscribe_again(self, channels: list[str], generation: int | None = None) -> None:
         """Same as the sync reader's."""
         assert self.presence is not None
-        self.holds.unanswered()
+        if generation is not None and generation != self.presence.generation:
+            return
+        self.holds.resubscribing()
         await self.presence.renew(channels)
-        self.holds.confirmed(self.loop.time())
+        await self._confirm_return()
+
+    async def _confirm_return(self) -> None:
+        """Same as the sync reader's."""
+        calls = self.hub.confirms()
+        sent = self.loop.time()
+        try:
+            answers = [await run_call(self._client, self._scripts, call) for call in calls]
+        except Exception as exc:  # the watch tries again
+            _log.debug("allocator: presence return not confirmed yet: %r", exc)
+            return
+        if 0 not in answers:
+            self.holds.returned(sent)
 
     def register(self, pool: Pool, lid: str) -> None:
         self.hub.register(pool, lid, asyncio.Queue())
+        if self.presence is not None and self.hub.cid_for(pool).startswith(PRESENT):
+            self._ensure_watch()
 
     def unregister(self, lid: str) -> None:
         self.hub.unregister(lid)
@@ -434,6 +469,8 @@ class Reader:
             block = block_for(step, deadline, self.loop.time())
             return await self._exchange(step.acks, step.keys, block)
         if isinstance(step, Beat):
+            if self.presence is not None:
+                self._beat_generation = self.presence.generation
             return [
                 (key, await run_call(self._client, self._scripts, call)) for key, call in step.calls
             ]
@@ -447,7 +484,10 @@ class Reader:
             return None
         if isinstance(step, Subscribe):
             if self.presence is not None:
-                await self._subscribe_again(step.channels)
+                try:
+                    await self._subscribe_again(step.channels, self._beat_generation)
+                except Exception as exc:  # the presence watch tries again
+                    _log.debug("allocator: presence not subscribed again yet: %r", exc)
             return None
         seconds, over = self.lead.pause(step.seconds, deadline, self.loop.time())
         await asyncio.sleep(seconds)

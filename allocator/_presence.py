@@ -82,6 +82,10 @@ class Presence:
         self._sharded = True
         self._probes = 0
         self._lock = threading.Lock()
+        #: Counts the subscriptions made on new connections: a heartbeat
+        #: that found the client absent subscribes again only if none was
+        #: made since it was sent (the watch may have done so already).
+        self.generation = 0
 
     def join(self, channel: str, budget: float) -> bool | None:
         """Subscribe to ``channel`` as well, within ``budget`` seconds;
@@ -103,8 +107,30 @@ class Presence:
         lost the subscription (a restart, a failover, a dropped socket)."""
         with self._lock:
             self._close()
-            with no_client_retries():
-                self._subscribe(channels, RETRY_BUDGET)
+            self.generation += 1
+            try:
+                with no_client_retries():
+                    self._subscribe(channels, RETRY_BUDGET)
+            except BaseException:
+                self._close()  # no connection rather than one not subscribed
+                raise
+
+    def listen(self, wait: float) -> bool | None:
+        """Wait up to ``wait`` seconds on the presence connection, sending
+        nothing: True if it is still open, None if there is none or it
+        broke meanwhile (then it is closed). Nothing is ever published on
+        a presence channel, so this only wakes for a close."""
+        with self._lock:
+            if self._pubsub is None:
+                return None
+            try:
+                with no_client_retries():
+                    self._pubsub.parse_response(block=False, timeout=wait)
+            except Exception as exc:
+                _log.debug("allocator: presence connection lost: %r", exc)
+                self._close()
+                return None
+            return True
 
     def probe(self, wait: float) -> bool | None:
         """Send a PING on the presence connection: True if it is answered
@@ -204,6 +230,7 @@ class AsyncPresence:
         self._sharded = True
         self._probes = 0
         self._lock = asyncio.Lock()
+        self.generation = 0
 
     async def join(self, channel: str, budget: float) -> bool | None:
         async with self._lock:
@@ -219,9 +246,27 @@ class AsyncPresence:
     async def renew(self, channels: list[str]) -> None:
         async with self._lock:
             await self._close()
-            with no_client_retries():
-                async with asyncio.timeout(RETRY_BUDGET):
-                    await self._subscribe(channels, RETRY_BUDGET)
+            self.generation += 1
+            try:
+                with no_client_retries():
+                    async with asyncio.timeout(RETRY_BUDGET):
+                        await self._subscribe(channels, RETRY_BUDGET)
+            except BaseException:
+                await self._close()
+                raise
+
+    async def listen(self, wait: float) -> bool | None:
+        async with self._lock:
+            if self._pubsub is None:
+                return None
+            try:
+                with no_client_retries():
+                    await self._pubsub.parse_response(block=False, timeout=wait)
+            except Exception as exc:
+                _log.debug("allocator: presence connection lost: %r", exc)
+                await self._close()
+                return None
+            return True
 
     async def probe(self, wait: float) -> bool | None:
         async with self._lock:

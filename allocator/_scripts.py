@@ -60,6 +60,7 @@ OPERATIONS = (
     "acquire",
     "acquire_many",
     "poll",
+    "present",
     "cancel",
     "release",
     "renew",

@@ -391,6 +391,19 @@ class FairAllocator:
         reader.renewed(renewed)
         return renewed
 
+    def lost(self, lease: Lease) -> bool:
+        """Whether this process knows that ``lease`` ended, without asking
+        the server (no I/O): true once a lease acquired with
+        ``reclaim_on_disconnect`` was given up because this process's
+        presence stayed suspended for a safe part of the grace, always
+        before the server may end it and grant its resource again
+        (docs/concepts.md, "Presence as a session"). A holder in the middle
+        of long work checks it between steps, and sends its fencing token
+        with every write, which fences anything that slips through. False
+        tells nothing about a lease that ended on the server by its
+        deadline or a revoke: ``renew`` says so."""
+        return self._reader().lost(lease)
+
     def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
         """End the lease and hand the resource to the next waiter.
 

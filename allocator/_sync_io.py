@@ -326,6 +326,8 @@ class Reader:
         self.holds = Holds()
         self._watcher: threading.Thread | None = None
         self._unwatch = threading.Event()
+        #: The presence's generation when the last heartbeat was sent.
+        self._beat_generation = 0
 
     @property
     def cid(self) -> str:
@@ -372,12 +374,16 @@ class Reader:
                 return
             for lease in leases:
                 self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
-            if self._watcher is None:
-                self._unwatch.clear()
-                self._watcher = threading.Thread(
-                    target=self._watch, name="allocator-presence", daemon=True
-                )
-                self._watcher.start()
+            self._ensure_watch()
+
+    def _ensure_watch(self) -> None:
+        """Start the presence watch if it is not running. Under the lock."""
+        if self._watcher is None:
+            self._unwatch.clear()
+            self._watcher = threading.Thread(
+                target=self._watch, name="allocator-presence", daemon=True
+            )
+            self._watcher.start()
 
     def renewed(self, lease: Lease) -> None:
         with self._lock:
@@ -394,47 +400,82 @@ class Reader:
             return self.holds.lost(lease.id, time.monotonic())
 
     def _watch(self) -> None:
+        """The presence watch (:mod:`allocator._core.holding`): listens on
+        the presence connection while the client waits or holds, so that a
+        drop is met at once and the client subscribes again and confirms
+        its return well within the grace; PINGs it while a reclaimable
+        lease is held."""
         presence = self.presence
         assert presence is not None
         while True:
             with self._lock:
-                period = self.holds.period(time.monotonic())
-                if period is None:
+                period = self.holds.period(time.monotonic(), self.hub.waiting)
+                if period is None or self._unwatch.is_set():  # finish(): idle
                     self._watcher = None
                     return
-            if self._unwatch.wait(period):  # finish(): nothing is held
+                probing, fresh = self.holds.probing, self.holds.fresh
+            if fresh:  # the last confirmation of the return failed
+                self._confirm_return()
+            connected = presence.listen(period)
+            if self._unwatch.is_set():
+                continue
+            if connected and probing:
+                sent = time.monotonic()
+                answer = presence.probe(PROBE_WAIT)
                 with self._lock:
-                    self._watcher = None
-                return
-            sent = time.monotonic()
-            answer = presence.probe(PROBE_WAIT)
+                    if not self.holds.probed(answer, sent, time.monotonic()):
+                        continue
+            elif connected:
+                continue
             with self._lock:
-                if not self.holds.probed(answer, sent, time.monotonic()):
-                    continue
                 channels = self.hub.channels()
+            if not channels:
+                self._unwatch.wait(period)
+                continue
             tried = time.monotonic()
             try:
                 self._subscribe_again(channels)
-            except Exception as exc:  # the next PING tries again
+            except Exception as exc:  # tried again after a short pause
                 _log.debug("allocator: presence not subscribed again yet: %r", exc)
-                if refused(self._client, exc):
-                    with self._lock:
+                with self._lock:
+                    if refused(self._client, exc):
                         self.holds.refused(tried)
+                    pause = self.holds.retry_in()
+                self._unwatch.wait(pause)
 
-    def _subscribe_again(self, channels: list[str]) -> None:
+    def _subscribe_again(self, channels: list[str], generation: int | None = None) -> None:
         """Subscribe the presence again on a new connection (it broke, or
-        the server found it absent), and tell the holds when that was
-        confirmed."""
+        the server found it absent: unless ``generation`` is given and a
+        new connection was subscribed since), then confirm the return."""
         assert self.presence is not None
         with self._lock:
-            self.holds.unanswered()
+            if generation is not None and generation != self.presence.generation:
+                return
+            self.holds.resubscribing()
         self.presence.renew(channels)
+        self._confirm_return()
+
+    def _confirm_return(self) -> None:
+        """Confirm the client's return in every pool where it keeps a
+        presence (lua/present.lua): the absences the scripts found are
+        over; until then the presence stays suspended."""
         with self._lock:
-            self.holds.confirmed(time.monotonic())
+            calls = self.hub.confirms()
+        sent = time.monotonic()
+        try:
+            answers = [run_call(self._client, self._scripts, call) for call in calls]
+        except Exception as exc:  # the watch tries again
+            _log.debug("allocator: presence return not confirmed yet: %r", exc)
+            return
+        if 0 not in answers:
+            with self._lock:
+                self.holds.returned(sent)
 
     def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
             self.hub.register(pool, lid, queue.SimpleQueue())
+            if self.presence is not None and self.hub.cid_for(pool).startswith(PRESENT):
+                self._ensure_watch()
 
     def unregister(self, lid: str) -> None:
         with self._lock:
@@ -573,6 +614,8 @@ class Reader:
             block = block_for(step, deadline, time.monotonic())
             return self._exchange(step.acks, step.keys, block)
         if isinstance(step, Beat):
+            if self.presence is not None:
+                self._beat_generation = self.presence.generation
             return [(key, run_call(self._client, self._scripts, call)) for key, call in step.calls]
         if isinstance(step, Deliver):
             while step.items:  # one by one: an interrupted Deliver is finished, not repeated
@@ -584,7 +627,10 @@ class Reader:
             return None
         if isinstance(step, Subscribe):
             if self.presence is not None:
-                self._subscribe_again(step.channels)
+                try:
+                    self._subscribe_again(step.channels, self._beat_generation)
+                except Exception as exc:  # the presence watch tries again
+                    _log.debug("allocator: presence not subscribed again yet: %r", exc)
             return None
         seconds, over = self.lead.pause(step.seconds, deadline, time.monotonic())
         time.sleep(seconds)

@@ -131,3 +131,8 @@ class GCReport:
     orphans: int = 0
     #: Resources whose lease count disagreed with their live leases, set right.
     repaired: int = 0
+    #: Seconds this call waited for the graces of absent waiters that it
+    #: found (their processes gone, their presence not yet past its grace)
+    #: to end, so that it could drop them too: one call leaves no dead
+    #: waiter behind (docs/concepts.md, "Presence as a session").
+    waited: float = 0.0

@@ -30,7 +30,10 @@
 -- Reply: {'gc', reclaimed, dropped_waiters, expired_bindings, unparked,
 --         orphans, repaired, next_pel_cursor ('0-0': done),
 --         next_queue_cursor ('': done), next_res_cursor ('': done),
---         more (1: something due was left for the next step)}
+--         more (1: something due was left for the next step),
+--         absent_ms (0, or how long until the last grace ends of the
+--         absent clients whose waiters this step met: they are gone then,
+--         and the caller walks the queue once more to drop them)}
 -- Errors: ALLOCATOR-ARG (a bad argument: nothing written); ALLOCATOR-CORRUPT
 --         naming a key of the wrong type (nothing written), or, after the
 --         step's work, a resource of this page whose fence cannot grow
@@ -177,10 +180,20 @@ if q_cursor ~= '' and P.id_after(q_cursor, from) then
 end
 local next_q = ''
 local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
+-- A client found absent (its grace starts now, and those of the absent
+-- clients that P:sweep finds with it) is not gone yet: the reply says when
+-- the last of those graces ends.
+local absent_until = 0
 for _, e in ipairs(entries) do
   local t = P.ticket_of(e)
-  if not (P.ticket_ok(t) and P:alive(t.c)) then
+  local live, at = false, nil
+  if P.ticket_ok(t) then
+    live, at = P:alive(t.c)
+  end
+  if not live then
     P:drop(t)
+  elseif at and at > absent_until then
+    absent_until = at
   end
 end
 if #entries >= count then
@@ -292,4 +305,4 @@ if stuck then
     'remove it and add it under another name')
 end
 return {'gc', P.reclaimed, P.dropped, #expired, unparked, orphans, repaired, next_pel, next_q,
-        next_res, more}
+        next_res, more, absent_until > 0 and math.max(absent_until - P.now, 1) or 0}

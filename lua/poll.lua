@@ -11,11 +11,14 @@
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'granted_many', ...}   a waiter of acquire_many (see acquire_many.lua)
 --      | {'queued', ticket, hint_ms} | {'gone'}   the ticket is not in the queue
---      | {'alive', epoch, probe_ok, more, present}  client-level heartbeat;
---          more: 1 if dead tickets are left at the head (beat again at once);
---          present: for a client that keeps a presence ('p.' ids), 1 if its
---          channel has a subscriber, 0 if not (it must subscribe again), -1
---          if the server cannot tell; -1 for any other client
+--      | {'alive', epoch, probe_ok, more, present, due_ms}  client-level
+--          heartbeat; more: 1 if dead tickets are left at the head (beat
+--          again at once); present: for a client that keeps a presence
+--          ('p.' ids), 1 if its channel has a subscriber, 0 if not (it must
+--          subscribe again), -1 if the server cannot tell; -1 for any other
+--          client; due_ms: the head's client is absent and counts as gone
+--          in that many ms (beat again then: it and those found absent with
+--          it leave the queue), -1 if not
 -- Errors: ALLOCATOR-ARG (a bad argument: nothing written), ALLOCATOR-CORRUPT
 --         (the record of this lease id is damaged)
 local lid, cid, alive_ms, probe, n = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -72,7 +75,8 @@ if lid == '' then
   if not string.find(epoch, '^%d+$') then
     epoch = '0'
   end
-  return {'alive', epoch, ok, P.more and 1 or 0, P:presence_of(cid)}
+  local due = P.due and math.max(P.due - P.now, 0) or -1
+  return {'alive', epoch, ok, P.more and 1 or 0, P:presence_of(cid), due}
 end
 
 local mine = P:dispatch(lid)

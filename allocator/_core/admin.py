@@ -23,7 +23,7 @@ from .checks import (
     _text,
 )
 from .replies import _decode, _tagged, _unexpected, stats_from_fields
-from .steps import Call, Flow
+from .steps import Call, Flow, Sleep
 
 _log = logging.getLogger("allocator")
 
@@ -32,6 +32,9 @@ _log = logging.getLogger("allocator")
 CHUNK = 500
 #: Entries per gc step.
 GC_COUNT = 100
+#: How long after the last grace it found running ``gc()`` walks the queue
+#: again (server time runs on meanwhile: a little more than the grace).
+GC_GRACE_SLACK = 0.05
 #: Resources (status) or leases (leases) read per script run, so that no
 #: run blocks the server for more than about 3 ms however large the pool
 #: (docs/scripts/status_stall.py).
@@ -295,25 +298,35 @@ class Admin(PoolBase):
         return self._single(Call("delete", self.keys, ("1" if force else "0",), parse))
 
     def gc(self) -> Flow[GCReport]:
-        def parse(reply: Any) -> tuple[list[int], str, str, str, bool]:
+        def parse(reply: Any) -> tuple[list[int], str, str, str, bool, int]:
             tag, rest = _tagged("gc", reply)
-            if tag != "gc" or len(rest) != 10:
+            if tag != "gc" or len(rest) != 11:
                 raise _unexpected("gc", reply)
             counts = [int(x) for x in rest[:6]]
             pel, queue, res = (_decode(x) for x in rest[6:9])
-            return counts, pel, queue, res, int(rest[9]) == 1
+            return counts, pel, queue, res, int(rest[9]) == 1, int(rest[10])
 
         yield from self._check_policy()
         totals = [0] * 6
         pel, queue, res = "0-0", "", "0"
+        absent_ms = 0
+        waited = 0.0
         # Each step is bounded; the cursors walk the pending list, the queue
         # and the resources once, so the loop ends even while the pool is busy.
         for _ in range(100_000):
             call = Call("gc", self.keys, (pel, queue, res, GC_COUNT), parse)
-            counts, pel, queue, res, more = yield from self._single(call)
+            counts, pel, queue, res, more, absent = yield from self._single(call)
             totals = [a + b for a, b in zip(totals, counts, strict=True)]
+            absent_ms = max(absent_ms, absent)
             if pel == "0-0" and queue == "" and res == "" and not more:
-                break
+                if not absent_ms or waited:
+                    break
+                # Waiters of clients found absent, whose graces run: wait
+                # them out (a grace at most) and walk the queue once more,
+                # so that one call leaves no dead waiter behind.
+                waited = absent_ms / 1000 + GC_GRACE_SLACK
+                yield Sleep(waited)
+                pel, queue, res = "0-0", "", ""
         reclaimed, dropped, expired, unparked, orphans, repaired = totals
         return GCReport(
             reclaimed=reclaimed,
@@ -322,4 +335,5 @@ class Admin(PoolBase):
             unparked=unparked,
             orphans=orphans,
             repaired=repaired,
+            waited=waited,
         )

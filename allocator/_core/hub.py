@@ -71,10 +71,16 @@ class Hub:
         #: (its channel there) or cannot (None); a pool not in it is not yet
         #: decided.
         self._presence: dict[str, str | None] = {}
+        #: The pools where it keeps one, to confirm its return there after
+        #: each (re)subscription (:func:`present`).
+        self._present_in: dict[str, Pool] = {}
         self._waiters: dict[str, tuple[_Served, Any]] = {}
         self._served: dict[str, _Served] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._last_beat: float | None = None
+        #: When a heartbeat must come sooner than its interval: a pool's
+        #: head is absent and counts as gone then (``due_ms`` of poll.lua).
+        self._due: float | None = None
         #: A round failed since the last heartbeat: beat first when the
         #: server answers again (see failed()).
         self._beat_soon = False
@@ -104,12 +110,15 @@ class Hub:
         there under the plain id, judged by its mark alone)."""
         channel = pool.presence_channel(self.present_cid) if kept else None
         self._presence.setdefault(pool.keys[0], channel)
+        if self._presence[pool.keys[0]] is not None:
+            self._present_in.setdefault(pool.keys[0], pool)
 
     def forget_presence(self) -> None:
         """The presence connection was closed (close()): every pool decides
         again at its next wait. Only while nobody waits."""
         assert not self._waiters, "presence forgotten under waiters"
         self._presence.clear()
+        self._present_in.clear()
         self._served = {k: s for k, s in self._served.items() if s.acks}
 
     def cid_for(self, pool: Pool) -> str:
@@ -120,6 +129,13 @@ class Hub:
         """The presence channels of the pools where this client keeps one
         (waited in, or only held a lease in)."""
         return [channel for channel in self._presence.values() if channel is not None]
+
+    def confirms(self) -> list[Call[int]]:
+        """After each (re)subscription of the presence connection: the
+        client's confirmation of its return in each pool where it keeps a
+        presence (:func:`present`), which ends the absence the scripts may
+        have started meanwhile, so that it is never added to a later one."""
+        return [present(pool, self.present_cid) for pool in self._present_in.values()]
 
     # -- waiters ------------------------------------------------------------
 
@@ -160,7 +176,8 @@ class Hub:
             self._last_beat = now
         if self._beat_soon:
             return 0.0
-        return self.heartbeat - (now - self._last_beat)
+        beat = self.heartbeat - (now - self._last_beat)
+        return beat if self._due is None else min(beat, self._due - now)
 
     def beats(self) -> list[tuple[str, Call[Beaten]]]:
         """The heartbeat of each pool with waiters, probing one of them in turn."""
@@ -186,9 +203,15 @@ class Hub:
         silent = self._silent(now)
         self._last_beat = now
         self._beat_soon = False
+        self._due = None
         inboxes: list[Any] = []
         again = resubscribe = False
-        for key, (epoch, probe_ok, more, present) in results:
+        for key, (epoch, probe_ok, more, present, due) in results:
+            if due is not None:
+                # (A little after the grace's end, so that the first beat
+                # then finds it over.)
+                at = now + due + DUE_SLACK
+                self._due = at if self._due is None else min(self._due, at)
             served = self._served.get(key)
             if served is None:
                 continue
@@ -353,9 +376,14 @@ class Hub:
 
 
 #: A heartbeat's news: the pool's epoch, whether the probed waiter's ticket
-#: is in the queue, whether dead tickets are left at the head, and the
-#: client's presence there (1 connected, 0 not: subscribe again, -1 none).
-Beaten = tuple[str, bool, bool, int]
+#: is in the queue, whether dead tickets are left at the head, the
+#: client's presence there (1 connected, 0 not: subscribe again, -1 none),
+#: and in how many seconds the head's absent client counts as gone (None:
+#: the head is not absent).
+Beaten = tuple[str, bool, bool, int, float | None]
+
+#: How long after a grace's end (server time) a heartbeat told of it comes.
+DUE_SLACK = 0.02
 
 
 def heartbeat(pool: Pool, cid: str, probe: str) -> Call[Beaten]:
@@ -364,12 +392,34 @@ def heartbeat(pool: Pool, cid: str, probe: str) -> Call[Beaten]:
 
     def parse(reply: Any) -> Beaten:
         tag, rest = _tagged("poll", reply)
-        if tag != "alive" or len(rest) != 4:
+        if tag != "alive" or len(rest) != 5:
             raise _unexpected("poll", reply)
-        return _decode(rest[0]), int(rest[1]) == 1, int(rest[2]) == 1, int(rest[3])
+        due = int(rest[4])
+        return (
+            _decode(rest[0]),
+            int(rest[1]) == 1,
+            int(rest[2]) == 1,
+            int(rest[3]),
+            None if due < 0 else due / 1000,
+        )
 
     own = (*pool.keys, pool.signal_key(cid))
     return Call("poll", own, ("", cid, alive_ms(cid), probe), parse)
+
+
+def present(pool: Pool, cid: str) -> Call[int]:
+    """Client ``cid`` confirms its return to ``pool`` (lua/present.lua):
+    1 if the server counts its presence connection now (an absence it had
+    found is over), 0 if not (it dropped again: confirm on the next one),
+    -1 if the server cannot tell."""
+
+    def parse(reply: Any) -> int:
+        tag, rest = _tagged("present", reply)
+        if tag != "present" or len(rest) != 1:
+            raise _unexpected("present", reply)
+        return int(rest[0])
+
+    return Call("present", pool.keys, (cid,), parse)
 
 
 def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, too_long: bool) -> bool:
