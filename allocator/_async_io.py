@@ -30,7 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.holding import PROBE_WAIT, Holds
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
-from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
+from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, step_error, take_item
 from ._core.liveness import HEARTBEAT, PRESENT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -394,17 +394,20 @@ class Reader:
                 return
             try:
                 reply = await self._carry(step, deadline)
-            except Exception as exc:  # handed to the rounds, which decide
+            except BaseException as exc:
+                if not step_error(me, exc):
+                    # Cancelled (the loop shuts down, a caller's own
+                    # timeout), or anything else that is not the step's
+                    # own error: the step is left to the next leader, and
+                    # the connection, a reply perhaps half read, is not
+                    # used again.
+                    self._drop_connection()
+                    raise
+                # Handed to the rounds, which decide.
                 conn, self._conn = self._conn, None
                 if conn is not None:
                     await self._discard(conn)
                 self.lead.done(None, exc)
-            except BaseException:
-                # Cancelled (the loop shuts down, a caller's own timeout):
-                # the step is left to the next leader, and the connection,
-                # a reply perhaps half read, is not used again.
-                self._drop_connection()
-                raise
             else:
                 if reply is not PARTIAL:
                     self.lead.done(reply, None)

@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.holding import PROBE_WAIT, Holds
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
-from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
+from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, step_error, take_item
 from ._core.liveness import HEARTBEAT, PRESENT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -525,16 +525,17 @@ class Reader:
                     return
             try:
                 reply = self._carry(step, deadline)
-            except Exception as exc:  # handed to the rounds, which decide
+            except BaseException as exc:
+                # The connection, a reply perhaps half read, is not used
+                # again. A step's own error is handed to the rounds, which
+                # decide; anything raised into this thread (a
+                # KeyboardInterrupt, a signal handler's exception) goes out
+                # with it, and the step is left to the next leader.
                 self._drop_connection()
+                if not step_error(me, exc):
+                    raise
                 with self._lock:
                     self.lead.done(None, exc)
-            except BaseException:
-                # Interrupted (a KeyboardInterrupt): the step is left to the
-                # next leader, and the connection, a reply perhaps half
-                # read, is not used again.
-                self._drop_connection()
-                raise
             else:
                 if reply is not PARTIAL:
                     with self._lock:
