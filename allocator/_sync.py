@@ -221,7 +221,7 @@ class FairAllocator:
         Uncontended, this is one round trip to Redis; a waiter is woken by a
         push to its signal list, never by polling the pool. With Redis
         unreachable or hung, the call retries until ``timeout``, then leaves
-        the queue (a try of at most 0.5 s of its own) and raises
+        the queue (a try of at most 0.15 s of its own) and raises
         ``AcquireTimeout`` saying the whole time waited, the last transport
         error as its ``__cause__``; ``blocking=False`` lets that error
         through after 2 s.

@@ -22,7 +22,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..errors import AllocatorError
-from .hub import Hub
+from .hub import READ_SLACK, Hub
 from .steps import Exchange, ReaderStep
 
 #: An inbox item: the lead is yours (if it still is: :meth:`Lead.take`).
@@ -185,3 +185,22 @@ def block_for(step: Exchange, deadline: float | None, now: float) -> float:
     if deadline is None or not step.keys:
         return step.block
     return max(0.01, min(step.block, deadline - now))
+
+
+#: How late past a leader's deadline the reply to its round may come before
+#: the leader takes the server for hung and gives up (Redis answers a BLPOP
+#: whose time ran out up to 1/hz, 0.1 s, late): a waiter whose server hangs
+#: while it leads returns about this long after its timeout, not
+#: :data:`~allocator._core.hub.READ_SLACK` later.
+LATE_REPLY = 0.2
+
+
+def read_wait(block: float, deadline: float | None, now: float) -> float:
+    """How long a leader whose time ends at ``deadline`` waits for the reply
+    to a round that blocks ``block`` seconds: the block and READ_SLACK, but
+    no more than :data:`LATE_REPLY` past its deadline. A reply cut short
+    costs no grant (one not acknowledged goes back on its list)."""
+    wait = block + READ_SLACK
+    if deadline is None:
+        return wait
+    return min(wait, max(deadline - now, block) + LATE_REPLY)
