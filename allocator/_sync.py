@@ -436,6 +436,11 @@ class FairAllocator:
         A free resource leaves at once; a leased one stops being granted and
         leaves when its leases end (draining). ``force=True`` revokes its
         leases now: their holders get :class:`~allocator.LeaseLost`.
+
+        Every name is checked before anything is sent. A large remove is
+        applied in steps of 100 names, each one atomic script run, so that
+        none blocks the server for long: an error midway (raised) leaves the
+        earlier steps applied, and the same call may simply be made again.
         """
         return self._drive(self._pool.remove(resources, force))
 
