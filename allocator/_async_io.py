@@ -30,7 +30,16 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.holding import PROBE_WAIT, Holds
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
-from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
+from ._core.lead import (
+    LEAD,
+    PARTIAL,
+    THREAD,
+    Lead,
+    block_for,
+    read_wait,
+    step_error,
+    take_item,
+)
 from ._core.liveness import HEARTBEAT, PRESENT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -429,17 +438,20 @@ class Reader:
                 return
             try:
                 reply = await self._carry(step, deadline)
-            except Exception as exc:  # handed to the rounds, which decide
+            except BaseException as exc:
+                if not step_error(me, exc):
+                    # Cancelled (the loop shuts down, a caller's own
+                    # timeout), or anything else that is not the step's
+                    # own error: the step is left to the next leader, and
+                    # the connection, a reply perhaps half read, is not
+                    # used again.
+                    self._drop_connection()
+                    raise
+                # Handed to the rounds, which decide.
                 conn, self._conn = self._conn, None
                 if conn is not None:
                     await self._discard(conn)
                 self.lead.done(None, exc)
-            except BaseException:
-                # Cancelled (the loop shuts down, a caller's own timeout):
-                # the step is left to the next leader, and the connection,
-                # a reply perhaps half read, is not used again.
-                self._drop_connection()
-                raise
             else:
                 if reply is not PARTIAL:
                     self.lead.done(reply, None)
@@ -466,8 +478,10 @@ class Reader:
         """Same as the sync reader's, awaitable; a release runs as a task
         of its own, so that the round goes on meanwhile."""
         if isinstance(step, Exchange):
-            block = block_for(step, deadline, self.loop.time())
-            return await self._exchange(step.acks, step.keys, block)
+            now = self.loop.time()
+            block = block_for(step, deadline, now)
+            wait = read_wait(block, deadline, now)
+            return await self._exchange(step.acks, step.keys, block, wait)
         if isinstance(step, Beat):
             if self.presence is not None:
                 self._beat_generation = self.presence.generation
@@ -497,13 +511,15 @@ class Reader:
         return await run_step(self._client, self._scripts, step, None)
 
     async def _exchange(
-        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float, wait: float
     ) -> list[tuple[Any, Any]]:
         """Same as the sync reader's round: one round trip (on a cluster, to
         the master of the reader's slot)."""
         conn = self._conn
         if conn is None:
-            conn = self._conn = await self._connect(keys or [pick for pick, _ in acks])
+            # Connected (anew after a drop) within the round's own time.
+            due = time.monotonic() + wait
+            conn = self._conn = await within(self._connect(keys or [pick for pick, _ in acks]), due)
         commands = round_commands(acks, keys, block)
         replies = []
         # One bound for the round's replies: redis-py's asyncio
@@ -513,7 +529,7 @@ class Reader:
         # and the reader drops its connection.
         try:
             await conn.send_packed_command(conn.pack_commands(commands))
-            async with asyncio.timeout(block + READ_SLACK):
+            async with asyncio.timeout(wait):
                 for _ in commands:
                     try:
                         replies.append(await conn.read_response())

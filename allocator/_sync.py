@@ -221,7 +221,7 @@ class FairAllocator:
         Uncontended, this is one round trip to Redis; a waiter is woken by a
         push to its signal list, never by polling the pool. With Redis
         unreachable or hung, the call retries until ``timeout``, then leaves
-        the queue (a try of at most 0.5 s of its own) and raises
+        the queue (a try of at most 0.15 s of its own) and raises
         ``AcquireTimeout`` saying the whole time waited, the last transport
         error as its ``__cause__``; ``blocking=False`` lets that error
         through after 2 s.
@@ -449,6 +449,11 @@ class FairAllocator:
         A free resource leaves at once; a leased one stops being granted and
         leaves when its leases end (draining). ``force=True`` revokes its
         leases now: their holders get :class:`~allocator.LeaseLost`.
+
+        Every name is checked before anything is sent. A large remove is
+        applied in steps of 100 names, each one atomic script run, so that
+        none blocks the server for long: an error midway (raised) leaves the
+        earlier steps applied, and the same call may simply be made again.
         """
         return self._drive(self._pool.remove(resources, force))
 

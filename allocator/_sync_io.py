@@ -11,7 +11,8 @@ whose command failed midway is closed and kept aside (a spare): the next
 command with a deadline reconnects it within that deadline, where the pool
 would reconnect it under the client's own timeouts (on a hung server, the
 handshake would wait the whole socket timeout, or for ever with redis-py
-5's default of none).
+5's default of none); a connection the pool has yet to open (a new client,
+one whose connection dropped) is connected the same way.
 """
 
 from __future__ import annotations
@@ -29,14 +30,23 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-from redis.connection import Connection
+from redis.connection import Connection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.holding import PROBE_WAIT, Holds
 from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
-from ._core.lead import LEAD, PARTIAL, THREAD, Lead, block_for, take_item
+from ._core.lead import (
+    LEAD,
+    PARTIAL,
+    THREAD,
+    Lead,
+    block_for,
+    read_wait,
+    step_error,
+    take_item,
+)
 from ._core.liveness import HEARTBEAT, PRESENT
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -234,6 +244,8 @@ def _connection(pool: Any, due: float | None) -> Any:
     redis-py does). A spare that reconnects shows the server answers
     again: the other spares go back to the pool."""
     spare = _spare(pool) if _SPARES else None
+    if spare is None and due is not None:
+        spare = _unconnected(pool)
     if spare is None:
         return _get_connection(pool)
     saved = spare.socket_timeout, spare.socket_connect_timeout
@@ -259,6 +271,35 @@ def _connection(pool: Any, due: float | None) -> Any:
             with contextlib.suppress(Exception):
                 pool.release(conn)
     return spare
+
+
+def _unconnected(pool: Any) -> Any:
+    """The connection ``pool`` would hand out next if it must connect it
+    first (a new client, or one whose connection dropped), taken out of the
+    pool as its ``get_connection`` does but not connected: the caller
+    connects it within its deadline, as a spare. None when the pool's next
+    connection is connected already, or the pool is not one whose ways are
+    known (redis-py's ``ConnectionPool``, a Sentinel's included; not a
+    ``BlockingConnectionPool``, which then connects under the client's own
+    timeouts)."""
+    if getattr(type(pool), "get_connection", None) is not _POOL_GET:
+        return None
+    available = getattr(pool, "_available_connections", None)
+    in_use = getattr(pool, "_in_use_connections", None)
+    lock = getattr(pool, "_lock", None)
+    if not isinstance(available, list) or not isinstance(in_use, set) or lock is None:
+        return None
+    pool._checkpid()
+    with lock:
+        if available and getattr(available[-1], "_sock", None) is not None:
+            return None  # connected: the pool hands it out as it is
+        conn = available.pop() if available else pool.make_connection()
+        in_use.add(conn)
+    return conn
+
+
+#: How redis-py's own pool hands out a connection (see :func:`_unconnected`).
+_POOL_GET = ConnectionPool.get_connection
 
 
 def _spare(pool: Any) -> Any:
@@ -566,16 +607,17 @@ class Reader:
                     return
             try:
                 reply = self._carry(step, deadline)
-            except Exception as exc:  # handed to the rounds, which decide
+            except BaseException as exc:
+                # The connection, a reply perhaps half read, is not used
+                # again. A step's own error is handed to the rounds, which
+                # decide; anything raised into this thread (a
+                # KeyboardInterrupt, a signal handler's exception) goes out
+                # with it, and the step is left to the next leader.
                 self._drop_connection()
+                if not step_error(me, exc):
+                    raise
                 with self._lock:
                     self.lead.done(None, exc)
-            except BaseException:
-                # Interrupted (a KeyboardInterrupt): the step is left to the
-                # next leader, and the connection, a reply perhaps half
-                # read, is not used again.
-                self._drop_connection()
-                raise
             else:
                 if reply is not PARTIAL:
                     with self._lock:
@@ -611,8 +653,9 @@ class Reader:
         :data:`~allocator._core.lead.PARTIAL`, to be finished by the next
         leader."""
         if isinstance(step, Exchange):
-            block = block_for(step, deadline, time.monotonic())
-            return self._exchange(step.acks, step.keys, block)
+            now = time.monotonic()
+            block = block_for(step, deadline, now)
+            return self._exchange(step.acks, step.keys, block, read_wait(block, deadline, now))
         if isinstance(step, Beat):
             if self.presence is not None:
                 self._beat_generation = self.presence.generation
@@ -640,7 +683,7 @@ class Reader:
         return run_step(self._client, self._scripts, step, None)
 
     def _exchange(
-        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float, wait: float
     ) -> list[tuple[Any, Any]]:
         """One round trip: acknowledgements, a blocking pop on ``keys``, then
         what else is on them. Returns the popped ``(key, message)`` pairs.
@@ -649,13 +692,14 @@ class Reader:
         conn = self._conn
         if conn is None:
             self._conn_pool = self._round_pool(keys or [pick for pick, _ in acks])
-            conn = self._conn = _get_connection(self._conn_pool)
+            # Connected (anew after a drop) within the round's own time.
+            conn = self._conn = _connection(self._conn_pool, time.monotonic() + wait)
         commands = round_commands(acks, keys, block)
         # The blocking read may last `block`, whatever the client's socket
-        # timeout: wait for the reply here, then read it.
+        # timeout: wait for the reply here (`wait`), then read it.
         try:
             conn.send_packed_command(conn.pack_commands(commands))
-            replies = self._read(conn, len(commands), block + READ_SLACK)
+            replies = self._read(conn, len(commands), wait)
         except (RedisConnectionError, RedisTimeoutError):
             if self._cluster:  # the master may be gone: learn the slots again
                 with contextlib.suppress(Exception):

@@ -361,12 +361,21 @@ class Hub:
                 if items or releases:
                     yield Deliver(items, releases)
             except Exception as exc:
-                if self.idle:  # its client was closed under it, say
-                    return
-                pause, inboxes = self.failed(exc)
-                if inboxes:
-                    yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
-                yield Sleep(pause)
+                error: Exception | None = exc
+                # An error thrown in at the pause, or at the Deliver before
+                # it, is taken as the first was: no yield of the rounds is
+                # outside a try, so no error ends them for every waiter.
+                while error is not None:
+                    if self.idle:  # its client was closed under it, say
+                        return
+                    pause, inboxes = self.failed(error)
+                    try:
+                        if inboxes:
+                            yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
+                        yield Sleep(pause)
+                        error = None
+                    except Exception as again:
+                        error = again
 
     def _remember(self, served: _Served, lid: str) -> None:
         served.acks.append(lid)

@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-from .hub import Hub
+from redis.exceptions import RedisError
+
+from ..errors import AllocatorError
+from .hub import READ_SLACK, Hub
 from .steps import Exchange, ReaderStep
 
 #: An inbox item: the lead is yours (if it still is: :meth:`Lead.take`).
@@ -95,7 +98,7 @@ class Lead:
         waits and the rounds still have work (start the thread, which waits
         ACK_DELAY first); None when there is nothing to do (a waiter between
         two steps of its flow comes back to wait, or leaves)."""
-        if self.leader is not None or self.rounds is None:
+        if self.leader is not None or (self.rounds is None and not self.followers):
             return None
         if self.followers:
             lid, inbox = next(iter(self.followers.items()))
@@ -133,6 +136,13 @@ class Lead:
             except StopIteration:
                 self.rounds = None
                 return None
+            except BaseException:
+                # Raised into the leader's thread while the rounds' own code
+                # ran: it ended them. It goes out with this leader, and the
+                # next one starts the rounds afresh (nothing of it stays).
+                self.rounds = None
+                self._result = (None, None)
+                raise
         return self._step
 
     def done(self, reply: Any, error: BaseException | None) -> None:
@@ -154,9 +164,43 @@ class Lead:
         return max(0.0, until - now), True
 
 
+def step_error(who: Any, error: BaseException) -> bool:
+    """Whether ``error``, raised while leader ``who`` carried out a step of
+    the rounds, is the step's own: a Redis error or one of the library's,
+    thrown into the rounds (:meth:`Lead.done`), which decide. Anything else
+    was raised into the leader's thread (a KeyboardInterrupt, a
+    cancellation, a signal handler's exception, ``PyThreadState_SetAsyncExc``):
+    it leaves the lead and goes out of that waiter's own call, the step is
+    left to the next leader (docs/concepts.md#the-reader). The reader's own
+    thread (:data:`THREAD`) has no caller to raise to: an ordinary exception
+    goes to its rounds."""
+    if not isinstance(error, Exception):
+        return False
+    return who is THREAD or isinstance(error, (RedisError, AllocatorError))
+
+
 def block_for(step: Exchange, deadline: float | None, now: float) -> float:
     """How long a leader whose time ends at ``deadline`` blocks in the
     round ``step``: no longer than its time (at least 10 ms)."""
     if deadline is None or not step.keys:
         return step.block
     return max(0.01, min(step.block, deadline - now))
+
+
+#: How late past a leader's deadline the reply to its round may come before
+#: the leader takes the server for hung and gives up (Redis answers a BLPOP
+#: whose time ran out up to 1/hz, 0.1 s, late): a waiter whose server hangs
+#: while it leads returns about this long after its timeout, not
+#: :data:`~allocator._core.hub.READ_SLACK` later.
+LATE_REPLY = 0.2
+
+
+def read_wait(block: float, deadline: float | None, now: float) -> float:
+    """How long a leader whose time ends at ``deadline`` waits for the reply
+    to a round that blocks ``block`` seconds: the block and READ_SLACK, but
+    no more than :data:`LATE_REPLY` past its deadline. A reply cut short
+    costs no grant (one not acknowledged goes back on its list)."""
+    wait = block + READ_SLACK
+    if deadline is None:
+        return wait
+    return min(wait, max(deadline - now, block) + LATE_REPLY)

@@ -57,9 +57,11 @@ ALIVE_PRESENT_MS = round((ALIVE_PRESENT + HEARTBEAT) * 1000)
 
 def presence_budget(timeout: float | None) -> float:
     """How long an acquire may spend setting up its client's presence in a
-    pool (its first wait there): the single-call budget, or the acquire's
-    own (checked) timeout if that is shorter."""
-    return RETRY_BUDGET if timeout is None else max(min(timeout, RETRY_BUDGET), 0.05)
+    pool (its first wait there): half the single-call budget, or of the
+    acquire's own (checked) timeout if that is shorter, so that the flow's
+    own tries keep the other half (a server that accepts connections and
+    never answers costs the acquire its timeout, not more)."""
+    return max(min(RETRY_BUDGET if timeout is None else timeout, RETRY_BUDGET) / 2, 0.05)
 
 
 def alive_ms(cid: str) -> int:

@@ -48,7 +48,9 @@ MIN_TRY = 0.1
 #: have passed: the cancel of an acquire that gave up (if it cannot be sent
 #: in time, the ticket's liveness mark runs out and the queue drops it), and
 #: the check of the server's eviction policy (advisory: skipped on failure).
-SIDE_BUDGET = 0.5
+#: A round trip to a loaded server, and short enough that a call against a
+#: hung one returns within its deadline plus 0.2 s.
+SIDE_BUDGET = 0.15
 #: Full-jitter backoff between two tries: a uniform draw in
 #: [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)] after the n-th failure.
 BACKOFF_BASE = 0.05

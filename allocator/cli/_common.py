@@ -192,6 +192,7 @@ def connect(args: argparse.Namespace) -> Connection:
     cluster client (reads of the cluster's layout need no extra step)."""
     url, prefix = url_of(args), prefix_of(args)
     options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 10}
+    _check_database(url)
     try:
         client: Any = redis.Redis.from_url(url, **options)
     except ValueError as exc:
@@ -203,6 +204,23 @@ def connect(args: argparse.Namespace) -> Connection:
 
         client = RedisCluster.from_url(url, **options)
     return Connection(client, url, prefix, cluster)
+
+
+def _check_database(url: str) -> None:
+    """Refuse a database in the URL's path that is not a number: redis-py
+    takes ``redis://host:6379/abc`` for database 0, which would aim at a
+    database nobody meant."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return  # redis-py says what is wrong
+    if parts.scheme not in ("redis", "rediss"):
+        return  # unix://: the path is the socket's
+    db = urllib.parse.unquote(parts.path).strip("/")
+    if db and not db.isdecimal():
+        raise CommandError(
+            f"bad --url {safe_url(url)}: the database after the last / must be a number, not {db!r}"
+        )
 
 
 def is_cluster(client: Any) -> bool:

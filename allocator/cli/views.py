@@ -184,13 +184,13 @@ def _watch(args: argparse.Namespace) -> int:
 def _looks(conn: Connection, args: argparse.Namespace) -> Iterator[Snapshot | None]:
     """A look at the pool every ``--interval`` seconds, ``--count`` times
     (else forever). A pool that does not exist (yet, or any more) is waited
-    for, saying so once on stderr; if it is still missing at the last look,
-    that is an error."""
+    for, saying so once on stderr; with ``--count``, a pool still missing at
+    the last look is an error, said in one line (the error) alone."""
     said = False
     count = 0
     while True:
         snap = look(conn, args.pool)
-        if snap is None and not said:
+        if snap is None and not said and args.count is None:
             print(
                 f"allocator watch: {_no_pool(conn, args.pool)} yet; waiting for it "
                 "(Ctrl-C to stop)",

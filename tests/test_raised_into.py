@@ -1,0 +1,325 @@
+"""An exception raised into a waiting thread (a ``signal.alarm`` handler
+that raises, ``PyThreadState_SetAsyncExc``) while it leads its client's
+rounds (allocator/_core/lead.py).
+
+It must come out of that thread's ``acquire``, its ticket must leave the
+queue, and the lead must pass on: nothing of it may stay in the allocator
+(docs/concepts.md#the-reader). Each test can fail: an exception handed to
+the rounds as if a Redis call had failed is swallowed (logged, the thread
+stays queued), and a second one that ends the rounds leaves the lead
+raising it in every thread that waits afterwards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from helpers import wait_until
+
+from allocator import AcquireTimeout, FairAllocator, Lease
+from allocator._core.hub import Hub
+from allocator._core.lead import THREAD, Lead
+from allocator._core.liveness import HEARTBEAT
+from allocator._core.pool import Pool
+from allocator._core.steps import Beat, Deliver, Exchange, Sleep, Subscribe
+from allocator._sync_io import Reader
+
+
+class Boom(Exception):
+    """What a caller's own code raises into a waiting thread."""
+
+
+def raise_into(thread: threading.Thread, kind: type[BaseException]) -> None:
+    """Raise ``kind`` in ``thread`` at its next bytecode."""
+    assert thread.ident is not None
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(kind)
+    )
+    assert done == 1, "the thread is gone"
+
+
+# -- pure: an exception at each yield of the rounds ------------------------------
+
+
+def queue_of() -> Any:
+    import queue
+
+    return queue.SimpleQueue()
+
+
+def reply_to(step: Any, hub: Hub) -> Any:
+    """What a shell's step gives back when the server answers and nothing comes."""
+    if isinstance(step, Beat):
+        return [(key, ("e1", True, False, 1)) for key, _ in step.calls]
+    if isinstance(step, Exchange):
+        return []
+    if isinstance(step, Deliver):
+        step.items.clear()
+        step.releases.clear()
+        return None
+    assert isinstance(step, (Sleep, Subscribe)), step
+    return None
+
+
+def drive_rounds(throw_at: set[int], steps: int = 40) -> list[str]:
+    """Run the rounds of one waiter's lead for ``steps`` steps, the error of
+    the step numbered in ``throw_at`` being a Boom; the kinds of the steps."""
+    hub = Hub(HEARTBEAT)
+    pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
+    lead = Lead(hub)
+    inbox = queue_of()
+    hub.register(pool, "a", inbox)
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.4  # a heartbeat every few steps
+        return now[0]
+
+    assert lead.take("a", inbox, clock)
+    kinds = []
+    for number in range(steps):
+        while not inbox.empty():  # the waiter looks, and waits again
+            inbox.get()
+        step = lead.next_step("a", inbox, None, now[0])
+        assert step is not None and lead.reading, f"the rounds ended at step {number}"
+        kinds.append(type(step).__name__)
+        if number in throw_at:
+            lead.done(None, Boom(number))
+        else:
+            lead.done(reply_to(step, hub), None)
+    return kinds
+
+
+def test_an_error_at_any_step_of_the_rounds_never_ends_them() -> None:
+    # A failed round leads into the error branch (Deliver, then Sleep):
+    # an error there too, at once or one step later, must be taken as the
+    # first was.
+    kinds = drive_rounds(set())
+    assert {"Beat", "Exchange"} <= set(kinds)
+    for first in range(12):
+        for second in (None, first + 1, first + 2, first + 3):
+            throw_at = {first} if second is None else {first, second}
+            kinds = drive_rounds(throw_at)
+            assert "Sleep" in kinds or not throw_at
+
+
+def test_rounds_ended_by_an_exception_start_afresh_with_the_next_leader() -> None:
+    # An exception raised into the leader while the rounds' own code ran
+    # (between two steps) ends them: it comes out of that leader once, the
+    # lead passes to a follower, and fresh rounds start with it; the old
+    # exception is never raised again.
+    hub = Hub(HEARTBEAT)
+    pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
+    lead = Lead(hub)
+    inboxes = {lid: queue_of() for lid in ("a", "b")}
+    for lid, inbox in inboxes.items():
+        hub.register(pool, lid, inbox)
+    clock = iter(range(1000)).__next__
+    assert lead.take("a", inboxes["a"], clock)
+    assert not lead.take("b", inboxes["b"], clock)
+    step = lead.next_step("a", inboxes["a"], None, 0.0)
+    assert isinstance(step, Exchange)
+
+    def succeeded() -> None:
+        raise KeyboardInterrupt  # raised into the thread in the rounds' code
+
+    hub.succeeded = succeeded  # type: ignore[method-assign]
+    lead.done([], None)
+    with pytest.raises(KeyboardInterrupt):
+        lead.next_step("a", inboxes["a"], None, 0.0)
+    del hub.succeeded
+    assert lead.leave("a") is inboxes["b"]  # the lead passes on
+    assert lead.take("b", inboxes["b"], clock)
+    step = lead.next_step("b", inboxes["b"], None, 0.0)
+    assert step is not None and lead.reading
+    lead.done(reply_to(step, hub), None)
+    assert lead.next_step("b", inboxes["b"], None, 0.0) is not None
+
+
+def test_only_a_step_error_goes_to_the_rounds() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from allocator._core.lead import step_error
+
+    assert step_error("a", RedisConnectionError("gone"))
+    assert not step_error("a", Boom())
+    assert not step_error("a", TimeoutError())  # an alarm handler's
+    assert not step_error("a", KeyboardInterrupt())
+    assert step_error(THREAD, Boom())  # nobody to raise it to
+    assert not step_error(THREAD, KeyboardInterrupt())
+
+
+# -- real server: threads of one process -------------------------------------------
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Any]:
+    made = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield made
+    made.close()
+
+
+def blocked_readers(client: Any) -> int:
+    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c["flags"])
+
+
+class Outcome:
+    """An acquire run in a thread: the lease, or what it raised."""
+
+    def __init__(self, pool: FairAllocator, timeout: float) -> None:
+        self.value: Any = None
+        self.thread = threading.Thread(target=self._run, args=(pool, timeout), daemon=True)
+        self.thread.start()
+
+    def _run(self, pool: FairAllocator, timeout: float) -> None:
+        try:
+            self.value = pool.acquire(timeout=timeout)
+        except BaseException as exc:
+            self.value = exc
+
+    def result(self, timeout: float = 10.0) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the acquire did not return"
+        return self.value
+
+
+def test_an_exception_raised_into_the_leading_thread_comes_out_of_its_acquire(
+    client: Any, pool_name: str
+) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    leader = Outcome(pool, 30)
+    wait_until(lambda: blocked_readers(client) == 1, what="the first waiter leads")
+    follower = Outcome(pool, 30)
+    wait_until(lambda: pool.status().waiting == 2, what="the second waiter queued")
+
+    raise_into(leader.thread, Boom)
+    assert isinstance(leader.result(), Boom)  # before: still queued after 10 s
+    assert pool.status().waiting == 1  # its ticket left the queue
+    # The lead passed on: the follower reads its own grant.
+    wait_until(lambda: blocked_readers(client) == 1, what="the follower leads")
+    pool.release(held)
+    got = follower.result()
+    assert isinstance(got, Lease)
+    # A later wait, in another thread, raises nothing of it.
+    later = Outcome(pool, 30)
+    wait_until(lambda: pool.status().waiting == 1, what="a later waiter queued")
+    pool.release(got)
+    again = later.result()
+    assert isinstance(again, Lease), again
+    pool.release(again)
+    assert pool.status().leased == 0
+
+
+def test_a_signal_handler_raising_in_the_leading_main_thread(client: Any, pool_name: str) -> None:
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise Boom("alarm")
+
+    before = signal.signal(signal.SIGALRM, alarm)
+    try:
+        for _ in range(2):  # a second time: nothing of the first stays
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            try:
+                with pytest.raises(Boom):
+                    pool.acquire(timeout=5)  # alone: it leads
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            assert pool.status().waiting == 0
+    finally:
+        signal.signal(signal.SIGALRM, before)
+    waiter = Outcome(pool, 30)
+    wait_until(lambda: pool.status().waiting == 1, what="another waiter queued")
+    pool.release(held)
+    got = waiter.result()
+    assert isinstance(got, Lease), got
+    pool.release(got)
+
+
+def test_a_storm_of_exceptions_leaks_into_no_other_thread(
+    client: Any, pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads acquire and release in a loop while an exception of its own
+    is raised into one of them, while it waits, every few ms: each comes
+    out of the acquire of its own thread, and at the end the pool is
+    whole (no grant left to nobody)."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r1", "r2"])
+    workers = 6
+    kinds = [type(f"Boom{i}", (Boom,), {}) for i in range(workers)]
+    guard = threading.Lock()
+    inside: set[int] = set()  # threads inside Reader.wait
+    wait = Reader.wait
+
+    def watched(self: Reader, lid: str, timeout: float | None) -> Any:
+        me = threading.get_ident()
+        with guard:
+            inside.add(me)
+        try:
+            return wait(self, lid, timeout)
+        finally:
+            with guard:
+                inside.discard(me)
+
+    monkeypatch.setattr(Reader, "wait", watched)
+    stop = threading.Event()
+    foreign: list[BaseException] = []
+    surfaced = [0] * workers
+    grants = [0] * workers
+    errors: list[BaseException] = []
+
+    def work(number: int) -> None:
+        while not stop.is_set():
+            try:
+                lease = pool.acquire(timeout=10)
+            except Boom as exc:
+                if type(exc) is kinds[number]:
+                    surfaced[number] += 1
+                else:
+                    foreign.append(exc)
+                continue
+            except AcquireTimeout as exc:
+                errors.append(exc)
+                continue
+            grants[number] += 1
+            pool.release(lease)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    rng = random.Random(7)
+    raised = 0
+    until = time.monotonic() + 4.0
+    while time.monotonic() < until:
+        time.sleep(rng.uniform(0.01, 0.06))
+        number = rng.randrange(workers)
+        with guard:
+            if threads[number].ident in inside:
+                raise_into(threads[number], kinds[number])
+                raised += 1
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), "a worker is stuck"
+    assert raised > 10
+    assert not foreign, f"{len(foreign)} exceptions came out of other threads: {foreign[:3]}"
+    assert not errors, errors[:3]
+    assert sum(surfaced) > 0 and sum(grants) > 0
+
+    def whole() -> bool:
+        pool.gc()
+        return pool.status().leased == 0
+
+    wait_until(whole, timeout=20, what="every lease released")
