@@ -20,7 +20,16 @@ from typing import (
     overload,
 )
 
-from ._async_io import Reader, drive, execute, reader_for, readers_of, run_step, within
+from ._async_io import (
+    Reader,
+    drive,
+    execute,
+    reader_for,
+    readers_of,
+    run_step,
+    senders_of,
+    within,
+)
 from ._core.keys import pool_names, pools_pattern
 from ._core.liveness import presence_budget
 from ._core.pool import Pool
@@ -99,6 +108,8 @@ class AsyncFairAllocator:
         of ``async with AsyncFairAllocator(...) as pool:``."""
         for reader in readers_of(self._client):
             await reader.finish()
+        for sender in senders_of(self._client):
+            await sender.close()
 
     async def __aenter__(self) -> AsyncFairAllocator:
         return self

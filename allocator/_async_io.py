@@ -41,6 +41,7 @@ from ._core.lead import (
     take_item,
 )
 from ._core.liveness import HEARTBEAT, PRESENT
+from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
 from ._core.retry import RETRY_BUDGET
@@ -48,10 +49,14 @@ from ._core.steps import (
     Beat,
     Call,
     Command,
+    Defer,
     Deliver,
     Exchange,
     Flow,
+    Pending,
     ReaderStep,
+    Settle,
+    Sleep,
     Step,
     Subscribe,
     Wait,
@@ -67,7 +72,17 @@ from ._transport import (
 )
 from ._values import Lease
 
-__all__ = ["Reader", "drive", "execute", "reader_for", "run_call", "run_step", "within"]
+__all__ = [
+    "Reader",
+    "Sender",
+    "drive",
+    "execute",
+    "reader_for",
+    "run_call",
+    "run_step",
+    "sender_for",
+    "within",
+]
 
 _log = logging.getLogger("allocator")
 
@@ -94,6 +109,8 @@ async def run_step(
     if isinstance(step, Command):
         with no_client_retries():
             return await within(execute(client, step.args, step.deadline), step.deadline)
+    if isinstance(step, (Defer, Settle, Pending)):
+        return sender_for(client).take(step)
     await asyncio.sleep(step.seconds)
     return None
 
@@ -265,6 +282,7 @@ class Reader:
         self.holds = Holds()
         self._watcher: asyncio.Task[None] | None = None
         self._beat_generation = 0
+        self.reclaimable = Reclaimable()
 
     @property
     def cid(self) -> str:
@@ -299,6 +317,8 @@ class Reader:
         now = self.loop.time()
         for lease in leases:
             self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
+            if pool.reclaim_on_disconnect:
+                self.reclaimable.hold(pool.name, pool.keys, lease, now)
         self._ensure_watch()
 
     def _ensure_watch(self) -> None:
@@ -307,9 +327,17 @@ class Reader:
 
     def renewed(self, lease: Lease) -> None:
         self.holds.renewed(lease.id, self.loop.time(), lease.ttl)
+        self.reclaimable.renewed(lease, self.loop.time())
 
     def unhold(self, lease: Lease) -> None:
         self.holds.drop(lease.id, self.loop.time())
+        self.reclaimable.drop(lease.id)
+
+    def _release_given_up(self) -> None:
+        """Same as the sync reader's."""
+        now = self.loop.time()
+        for step in self.reclaimable.given_up(lambda lid: self.holds.lost(lid, now), now):
+            sender_for(self._client).take(step)
 
     def lost(self, lease: Lease) -> bool:
         return self.holds.lost(lease.id, self.loop.time())
@@ -319,6 +347,7 @@ class Reader:
         presence = self.presence
         assert presence is not None
         while (period := self.holds.period(self.loop.time(), self.hub.waiting)) is not None:
+            self._release_given_up()
             if self.holds.fresh:  # the last confirmation of the return failed
                 await self._confirm_return()
             connected = await presence.listen(period)
@@ -630,3 +659,77 @@ def reader_for(client: Any, pool: Pool) -> Reader:
     if reader is None or reader.loop is not loop:
         reader = readers[where] = Reader(client, loop)
     return reader
+
+
+# -- the ends still to deliver ------------------------------------------------
+
+
+class Sender:
+    """Same as the sync shell's sender, for one client and event loop: a
+    task that carries out :meth:`Ends.sending
+    <allocator._core.pending.Ends.sending>` while ends wait, and ends when
+    none is left."""
+
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._client = client
+        self._scripts = scripts()
+        self.ends = Ends()
+        self._task: asyncio.Task[None] | None = None
+
+    def take(self, step: Defer | Settle | Pending) -> bool:
+        """Same as the sync sender's."""
+        reply = self.ends.apply(step)
+        if self.ends.waiting and (self._task is None or self._task.done()):
+            self._task = self.loop.create_task(self._run())
+        return reply
+
+    async def _run(self) -> None:
+        flow = self.ends.sending(time.monotonic)
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(reply) if error is None else flow.throw(error)
+            except StopIteration:
+                return
+            reply, error = None, None
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                continue
+            try:
+                reply = await run_step(self._client, self._scripts, step, None)
+            except Exception as exc:  # handed to the flow, which decides
+                error = exc
+
+    async def close(self, wait: float = CLOSE_WAIT) -> int:
+        """Same as the sync sender's: up to ``wait`` seconds for the ends to
+        be delivered, then what is left is dropped and the task ends."""
+        task = self._task
+        if task is None or task.done():
+            return 0
+        await asyncio.wait({task}, timeout=wait)
+        dropped = len(self.ends.drop_all())
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=TRY)
+        return dropped
+
+
+_SENDERS: weakref.WeakKeyDictionary[Any, dict[int, Sender]] = weakref.WeakKeyDictionary()
+
+
+def sender_for(client: Any) -> Sender:
+    """The sender of ``client`` in the running event loop, made on first use."""
+    loop = asyncio.get_running_loop()
+    senders = _SENDERS.setdefault(client, {})
+    sender = senders.get(id(loop))
+    if sender is None or sender.loop is not loop:
+        sender = senders[id(loop)] = Sender(client, loop)
+    return sender
+
+
+def senders_of(client: Any) -> list[Sender]:
+    """The sender ``client`` has in the running event loop, if any."""
+    sender = _SENDERS.get(client, {}).get(id(asyncio.get_running_loop()))
+    return [] if sender is None or sender.loop is not asyncio.get_running_loop() else [sender]

@@ -15,7 +15,7 @@ from ._core.pool import Pool
 from ._core.retry import RETRY_BUDGET
 from ._core.steps import Flow, Step
 from ._scripts import scripts
-from ._sync_io import Reader, drive, execute, reader_for, readers_of, run_step
+from ._sync_io import Reader, drive, execute, reader_for, readers_of, run_step, senders_of
 from ._transport import (
     bound_client_retries,
     client_kind,
@@ -128,9 +128,16 @@ class FairAllocator:
         ``lease()`` block's keepalive ends with its block), the client
         stays open (it is yours: ``client.close()``), and the allocator
         stays usable: a later wait starts a reader again. Also the exit of
-        ``with FairAllocator(...) as pool:``."""
+        ``with FairAllocator(...) as pool:``.
+
+        Cancels and releases of the client that could not be confirmed and
+        are still being sent in the background (docs/api.md#release) get
+        up to 2 s more to reach the server; what is still undelivered then
+        is dropped (logged at warning): those leases end at their deadlines."""
         for reader in readers_of(self._client):
             reader.finish()
+        for sender in senders_of(self._client):
+            sender.close()
 
     def __enter__(self) -> FairAllocator:
         return self
@@ -382,10 +389,12 @@ class FairAllocator:
         own ttl) on the server clock. Returns the lease with its new
         ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
         longer held (a lease past its deadline is never brought back).
-        With Redis unreachable or hung, retries for 2 s (45 s on a
-        Sentinel-managed client), then lets the transport error through.
-        Under ``reclaim_on_disconnect``, raises ``LeaseLost`` without asking
-        the server once this process gave the lease up."""
+        With Redis unreachable or hung, retries for 5 s, or half the
+        lease's ttl if less, never under 2 s (45 s on a Sentinel-managed
+        client), then lets the transport error through. Raises
+        ``LeaseLost`` without asking the server once this process gave the
+        lease up (``reclaim_on_disconnect``), or while its release is still
+        being delivered (docs/api.md#renew)."""
         reader = self._reader()
         renewed = self._drive(self._pool.renew(lease, ttl, reader.lost))
         reader.renewed(renewed)
@@ -411,11 +420,12 @@ class FairAllocator:
         already ended (expired, revoked, or released before). ``quarantine``
         keeps the resource out of rotation for that many seconds; waiters
         are woken and served when it ends. With Redis unreachable or hung,
-        retries for 2 s (45 s on a Sentinel-managed client), then lets the
-        transport error through (the release may still reach the server:
-        if not, the lease ends at its deadline). Under
-        ``reclaim_on_disconnect``, a lease this process gave up is released
-        all the same where the server can be reached, and False is returned.
+        retries for 5 s (45 s on a Sentinel-managed client), then lets the
+        transport error through: the outcome is not known yet, and the
+        release is sent again in the background as soon as the server
+        answers (docs/api.md#release). Under ``reclaim_on_disconnect``, a
+        lease this process gave up is released all the same, and False is
+        returned.
         """
         reader = self._reader()
         released = self._drive(self._pool.release(lease, quarantine, reader.lost))

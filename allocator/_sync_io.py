@@ -48,6 +48,7 @@ from ._core.lead import (
     take_item,
 )
 from ._core.liveness import HEARTBEAT, PRESENT
+from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
 from ._core.retry import RETRY_BUDGET
@@ -55,9 +56,13 @@ from ._core.steps import (
     Beat,
     Call,
     Command,
+    Defer,
     Deliver,
     Exchange,
+    Pending,
     ReaderStep,
+    Settle,
+    Sleep,
     Step,
     Subscribe,
     Wait,
@@ -73,7 +78,16 @@ from ._transport import (
 )
 from ._values import Lease
 
-__all__ = ["Reader", "drive", "execute", "reader_for", "run_call", "run_step"]
+__all__ = [
+    "Reader",
+    "Sender",
+    "drive",
+    "execute",
+    "reader_for",
+    "run_call",
+    "run_step",
+    "sender_for",
+]
 
 _log = logging.getLogger("allocator")
 
@@ -119,6 +133,8 @@ def run_step(client: Any, scripts: Scripts, step: Step, reader: Callable[[], Rea
     if isinstance(step, Command):
         with no_client_retries():
             return execute(client, step.args, step.deadline)
+    if isinstance(step, (Defer, Settle, Pending)):
+        return sender_for(client).take(step)
     time.sleep(step.seconds)
     return None
 
@@ -369,6 +385,8 @@ class Reader:
         self._unwatch = threading.Event()
         #: The presence's generation when the last heartbeat was sent.
         self._beat_generation = 0
+        #: Its reclaim_on_disconnect leases, released once the watch gives them up.
+        self.reclaimable = Reclaimable()
 
     @property
     def cid(self) -> str:
@@ -415,6 +433,8 @@ class Reader:
                 return
             for lease in leases:
                 self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
+                if pool.reclaim_on_disconnect:
+                    self.reclaimable.hold(pool.name, pool.keys, lease, now)
             self._ensure_watch()
 
     def _ensure_watch(self) -> None:
@@ -429,10 +449,21 @@ class Reader:
     def renewed(self, lease: Lease) -> None:
         with self._lock:
             self.holds.renewed(lease.id, time.monotonic(), lease.ttl)
+            self.reclaimable.renewed(lease, time.monotonic())
 
     def unhold(self, lease: Lease) -> None:
         with self._lock:
             self.holds.drop(lease.id, time.monotonic())
+            self.reclaimable.drop(lease.id)
+
+    def _release_given_up(self) -> None:
+        """Hand the release of each lease the watch gave up to the client's
+        sender: the server may still hold it (allocator/_core/pending.py)."""
+        with self._lock:
+            now = time.monotonic()
+            handed = self.reclaimable.given_up(lambda lid: self.holds.lost(lid, now), now)
+        for step in handed:
+            sender_for(self._client).take(step)
 
     def lost(self, lease: Lease) -> bool:
         """Whether this process must give ``lease`` up: its presence went
@@ -449,6 +480,7 @@ class Reader:
         presence = self.presence
         assert presence is not None
         while True:
+            self._release_given_up()
             with self._lock:
                 period = self.holds.period(time.monotonic(), self.hub.waiting)
                 if period is None or self._unwatch.is_set():  # finish(): idle
@@ -809,3 +841,121 @@ def _close_readers() -> None:
 
 
 atexit.register(_close_readers)
+
+
+# -- the ends still to deliver ------------------------------------------------
+
+
+class Sender:
+    """The background sender of one client in this process: a daemon
+    thread, ``allocator-ends``, that carries out :meth:`Ends.sending
+    <allocator._core.pending.Ends.sending>` while the client has cancels or
+    releases still to deliver (allocator/_core/pending.py), and ends when
+    none is left."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._scripts = scripts()
+        self._lock = threading.Lock()
+        self.ends = Ends()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        #: The spare connection it brought (:func:`_bring_spare`).
+        self._spare: Any = None
+
+    def take(self, step: Defer | Settle | Pending) -> bool:
+        """Carry out a flow's step (:meth:`Ends.apply
+        <allocator._core.pending.Ends.apply>`); start the thread if an end
+        waits and none runs."""
+        with self._lock:
+            reply = self.ends.apply(step)
+            if self.ends.waiting and self._thread is None:
+                self._wake.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name="allocator-ends", daemon=True
+                )
+                self._thread.start()
+        return reply
+
+    def _run(self) -> None:
+        flow = self.ends.sending(time.monotonic)
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            with self._lock:
+                try:
+                    step = flow.send(reply) if error is None else flow.throw(error)
+                except StopIteration:
+                    self._thread = None
+                    return
+                except BaseException:
+                    self._thread = None
+                    raise
+            reply, error = None, None
+            if isinstance(step, Sleep):
+                self._wake.wait(step.seconds)  # cut short by close()
+                continue
+            try:
+                if pooled(self._client):
+                    self._spare = _bring_spare(self._client.connection_pool, self._spare)
+                reply = run_step(self._client, self._scripts, step, None)
+            except Exception as exc:  # handed to the flow, which decides
+                error = exc
+
+    def close(self, wait: float = CLOSE_WAIT) -> int:
+        """Wait up to ``wait`` seconds for the ends to be delivered, then
+        drop what is left and let the thread end (within one try). Returns
+        how many were dropped."""
+        with self._lock:
+            thread = self._thread
+        if thread is None:
+            return 0
+        thread.join(wait)
+        with self._lock:
+            dropped = len(self.ends.drop_all())
+            self._wake.set()
+        thread.join(TRY + READ_SLACK)
+        return dropped
+
+
+def _bring_spare(pool: Any, mine: Any) -> Any:
+    """Before a try of the sender, while connections of this process are
+    kept aside as spares (the server stopped answering): a spare of its own
+    (``mine``, else one the pool makes, not connected yet), put where the
+    try takes it. So the try reconnects within its deadline, and never
+    takes the spare that a caller's next try needs: a caller without one
+    is connected by the pool, under the client's own timeouts (on a hung
+    server, for as long as it hangs). Returns the sender's spare."""
+    pid = os.getpid()
+    with _SPARES_LOCK:
+        kept = _SPARES.get(pool)
+        if not kept or not any(owner == pid for owner, _ in kept):
+            return mine  # the pool's connections answer: nothing to bring
+        for index, (_, conn) in enumerate(kept):
+            if conn is mine:
+                kept.append(kept.pop(index))  # the next one taken
+                return mine
+    made = pool.make_connection()
+    with _SPARES_LOCK:
+        _SPARES.setdefault(pool, []).append((pid, made))
+    return made
+
+
+_SENDERS: weakref.WeakKeyDictionary[Any, dict[int, Sender]] = weakref.WeakKeyDictionary()
+
+
+def sender_for(client: Any) -> Sender:
+    """The sender of ``client`` in this process, made on first use."""
+    with _REGISTRY_LOCK:
+        senders = _SENDERS.setdefault(client, {})
+        sender = senders.get(os.getpid())
+        if sender is None:
+            sender = senders[os.getpid()] = Sender(client)
+        return sender
+
+
+def senders_of(client: Any) -> list[Sender]:
+    """The sender ``client`` has in this process, if any (none is made)."""
+    with _REGISTRY_LOCK:
+        sender = _SENDERS.get(client, {}).get(os.getpid())
+    return [] if sender is None else [sender]

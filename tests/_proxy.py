@@ -35,6 +35,10 @@ class PartitionProxy:
     def partition(self) -> None:
         self._cut.set()
 
+    def heal(self) -> None:
+        """Forward again (what was sent meanwhile stays lost)."""
+        self._cut.clear()
+
     def close(self) -> None:
         self._closed.set()
         with self._lock:

@@ -27,7 +27,13 @@ import _servers
 import pytest
 import redis
 from _workers import Proc
-from helpers import LoopThread, SyncView, close_steppers, end_presence_watches
+from helpers import (
+    LoopThread,
+    SyncView,
+    close_steppers,
+    end_pending_ends,
+    end_presence_watches,
+)
 
 from allocator import AsyncFairAllocator, FairAllocator
 from allocator._server import RedisServer, find_redis_server
@@ -138,6 +144,7 @@ def _no_stepper_left() -> Iterator[None]:
 def _no_watch_left() -> Iterator[None]:
     yield
     end_presence_watches()
+    end_pending_ends()
 
 
 @pytest.fixture(scope="session")

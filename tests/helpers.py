@@ -12,7 +12,7 @@ from typing import Any
 
 from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io
 from allocator._core.holding import Holds
-from allocator._core.steps import RECHECK, Call, Sleep, Wait
+from allocator._core.steps import RECHECK, Call, Defer, Pending, Settle, Sleep, Wait
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -81,6 +81,18 @@ def end_presence_watches() -> None:
                         watcher.join(5)
 
 
+def end_pending_ends() -> None:
+    """Drop what every sender of this process still has to deliver, so that
+    its thread or task ends: a test whose server is gone must not leave one
+    retrying into the next test."""
+    for senders in list(_sync_io._SENDERS.values()):
+        for sender in list(senders.values()):
+            sender.close(wait=0)
+    for asenders in list(_async_io._SENDERS.values()):
+        for asender in list(asenders.values()):
+            asender.ends.drop_all()
+
+
 class Stepper:
     """Drives an acquire flow of a sync FairAllocator one step at a time, so a
     test can put other events between any two steps. It is registered with
@@ -127,7 +139,7 @@ class Stepper:
         """Carry out the current step for real and move to the next."""
         step = self.step
         self.steps.append(step)
-        if isinstance(step, (Call, Wait)):
+        if isinstance(step, (Call, Wait, Defer, Settle, Pending)):
             return self._advance(self.pool._step(step))
         assert isinstance(step, Sleep)
         return self._advance(None)

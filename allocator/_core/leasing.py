@@ -17,9 +17,10 @@ from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
 from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
+from .pending import RIDE_OUT, cancel_end, end_key, release_end, renew_budget
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
 from .retry import SIDE_BUDGET, is_transient
-from .steps import RECHECK, Call, Flow, Wait
+from .steps import RECHECK, Call, Defer, Flow, Pending, Settle, Wait
 
 
 def _never(lease: Lease) -> bool:
@@ -245,9 +246,17 @@ class Leasing(PoolBase):
             if deleted:
                 raise
             cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
-            with contextlib.suppress(Exception):
+            try:
                 due = time.monotonic() + SIDE_BUDGET
                 yield from self._retrying(cancel, attempts=1, deadline=due)
+            except Exception as error:
+                if is_transient(error):
+                    # It may not have reached the server, and the enqueue
+                    # may still run there (a stalled server runs what it
+                    # finds buffered): sent again in the background as soon
+                    # as the server answers (allocator/_core/pending.py).
+                    now = time.monotonic()
+                    yield Defer(cancel_end(self.name, self.keys, cancel, lid, ttl_ms / 1000, now))
             if isinstance(exc, AcquireTimeout):
                 # The caller waited for the cancel too: say the whole time.
                 raise AcquireTimeout(self.name, time.monotonic() - started) from exc.__cause__
@@ -320,8 +329,31 @@ class Leasing(PoolBase):
                 raise _unexpected("release", reply)
             return tag == "released"
 
-        flow = self._single(Call("release", self.keys, (held.id, held.ticket, q_ms, ""), parse))
+        flow = self._ending(
+            Call("release", self.keys, (held.id, held.ticket, q_ms, ""), parse), held
+        )
         return _released_anyway(flow) if gave_up(held) else flow
+
+    @property
+    def end_budget(self) -> float:
+        """How long ``release`` and ``renew`` keep trying: a pause or a
+        stall of a few seconds is ridden out (:data:`~.pending.RIDE_OUT`)."""
+        return max(self.call_budget, RIDE_OUT)
+
+    def _ending(self, call: Call[bool], held: Lease) -> Flow[bool]:
+        """A release: within :attr:`end_budget`; if it gives up on a
+        transport error (its outcome unknown), it is handed to the client's
+        background sender before the error goes out, so that the resource
+        comes back as soon as the server answers (docs/api.md#release).
+        An answer settles any release of the lease still pending."""
+        try:
+            released = yield from self.retry_single(call, self.end_budget, self.try_budget)
+        except Exception as exc:
+            if is_transient(exc):
+                yield Defer(release_end(self.name, call, held, time.monotonic()))
+            raise
+        yield Settle(end_key(self.keys, held.id))
+        return released
 
     def renew(
         self, lease: object, ttl: object, gave_up: Callable[[Lease], bool] = _never
@@ -332,13 +364,29 @@ class Leasing(PoolBase):
         ttl_ms = _ms(_seconds("lease.ttl", held.ttl) if ttl is None else _seconds("ttl", ttl))
         if gave_up(held):
             raise self._given_up(held)
-        call = self._renew_call(held, ttl_ms)
-        if not self.min_replicas:
-            return self._single(call)
-        return self._renew_confirmed(call, held)
+        return self._renewing(held, ttl_ms)
 
-    def _renew_confirmed(self, call: Call[Lease], held: Lease) -> Flow[Lease]:
-        renewed, replicas = yield from self._single(self._confirmed(call))
+    def _renewing(self, held: Lease, ttl_ms: int) -> Flow[Lease]:
+        """A renew, within :func:`~.pending.renew_budget`. A lease whose release is
+        still to be delivered is not renewed (LeaseLost, before any I/O):
+        the release may reach the server after the renewal."""
+        if (yield Pending(end_key(self.keys, held.id))):
+            raise LeaseLost(
+                self.name,
+                held.resource,
+                held.token,
+                "released: its release is still being delivered (docs/api.md#release)",
+            )
+        call = self._renew_call(held, ttl_ms)
+        budget = renew_budget(self.call_budget, held.ttl)
+        if not self.min_replicas:
+            return (yield from self.retry_single(call, budget, self.try_budget))
+        return (yield from self._renew_confirmed(call, held, budget))
+
+    def _renew_confirmed(self, call: Call[Lease], held: Lease, budget: float) -> Flow[Lease]:
+        renewed, replicas = yield from self.retry_single(
+            self._confirmed(call), budget, self.try_budget
+        )
         if replicas < self.min_replicas:
             # The lease stays as the primary has it (renewed there).
             raise self._not_replicated(held, replicas, "renew")

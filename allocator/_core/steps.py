@@ -1,7 +1,8 @@
 """The steps the shells carry out for the core's flows.
 
 A pool operation (:mod:`.leasing`, :mod:`.admin`) yields :class:`Call`,
-:class:`Wait`, :class:`Sleep` and :class:`Command`; a reader's loop
+:class:`Wait`, :class:`Sleep` and :class:`Command` (and :class:`Defer`,
+:class:`Settle`, :class:`Pending` for the ends still to deliver); a reader's loop
 (:class:`~.hub.Hub`) yields :class:`Beat`, :class:`Exchange`,
 :class:`Deliver` and :class:`Sleep`. The shells carry each one out with
 blocking or awaiting I/O and send back its result (or throw its error in).
@@ -10,9 +11,12 @@ blocking or awaiting I/O and send back its result (or throw its error in).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import attrs
+
+if TYPE_CHECKING:
+    from .pending import End
 
 T = TypeVar("T")
 
@@ -64,7 +68,29 @@ class Command(NamedTuple):
     deadline: float | None = None
 
 
-Step = Call[Any] | Wait | Sleep | Command
+class Defer(NamedTuple):
+    """Keep sending ``end`` (a :class:`~.pending.End`: a cancel or a release
+    that could not be confirmed) in the background until the server answers
+    (:mod:`.pending`)."""
+
+    end: End
+
+
+class Settle(NamedTuple):
+    """A call on the lease of ``key`` (:func:`~.pending.end_key`) got the
+    server's answer: its end still to deliver, if any, is forgotten. Send
+    back whether there was one."""
+
+    key: tuple[str, str]
+
+
+class Pending(NamedTuple):
+    """Send back whether an end of the lease of ``key`` is still to deliver."""
+
+    key: tuple[str, str]
+
+
+Step = Call[Any] | Wait | Sleep | Command | Defer | Settle | Pending
 Flow = Generator[Step, Any, T]
 
 
