@@ -29,7 +29,14 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.holding import PROBE_WAIT, Holds
-from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
+from ._core.hub import (
+    ACK_DELAY,
+    READ_SLACK,
+    Hub,
+    multipop_refused,
+    round_commands,
+    round_replies,
+)
 from ._core.lead import (
     LEAD,
     PARTIAL,
@@ -40,7 +47,7 @@ from ._core.lead import (
     step_error,
     take_item,
 )
-from ._core.liveness import HEARTBEAT, PRESENT
+from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -271,7 +278,7 @@ class Reader:
         self._client = client
         self._scripts = scripts()
         self._cluster = is_cluster(client)
-        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
+        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
         self.lead = Lead(self.hub)
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
@@ -282,6 +289,8 @@ class Reader:
         self.holds = Holds()
         self._watcher: asyncio.Task[None] | None = None
         self._beat_generation = 0
+        #: Whether the server has BLMPOP (one command a round), until it refuses it.
+        self._multipop = True
         self.reclaimable = Reclaimable()
 
     @property
@@ -549,7 +558,7 @@ class Reader:
             # Connected (anew after a drop) within the round's own time.
             due = time.monotonic() + wait
             conn = self._conn = await within(self._connect(keys or [pick for pick, _ in acks]), due)
-        commands = round_commands(acks, keys, block)
+        commands = round_commands(acks, keys, block, self._multipop)
         replies = []
         # One bound for the round's replies: redis-py's asyncio
         # read_response(timeout=...) answers None when it runs out and leaves
@@ -572,6 +581,9 @@ class Reader:
             raise
         if self._cluster and moved(replies):
             await self._relearn_slots()
+        if self._multipop and multipop_refused(commands, replies):
+            self._multipop = False  # Redis 6.2: BLPOP rounds from now on
+            return await self._exchange(acks, keys, block, wait)
         return round_replies(commands, replies)
 
     async def _connect(self, keys: list[str]) -> Any:

@@ -36,7 +36,14 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.holding import PROBE_WAIT, Holds
-from ._core.hub import ACK_DELAY, READ_SLACK, Hub, round_commands, round_replies
+from ._core.hub import (
+    ACK_DELAY,
+    READ_SLACK,
+    Hub,
+    multipop_refused,
+    round_commands,
+    round_replies,
+)
 from ._core.lead import (
     LEAD,
     PARTIAL,
@@ -47,7 +54,7 @@ from ._core.lead import (
     step_error,
     take_item,
 )
-from ._core.liveness import HEARTBEAT, PRESENT
+from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
@@ -368,7 +375,7 @@ class Reader:
         self._client = client
         self._scripts = scripts()
         self._cluster = is_cluster(client)
-        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT)
+        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
         self._lock = threading.Lock()
         self.lead = Lead(self.hub)
         self._thread: threading.Thread | None = None
@@ -385,6 +392,8 @@ class Reader:
         self._unwatch = threading.Event()
         #: The presence's generation when the last heartbeat was sent.
         self._beat_generation = 0
+        #: Whether the server has BLMPOP (one command a round), until it refuses it.
+        self._multipop = True
         #: Its reclaim_on_disconnect leases, released once the watch gives them up.
         self.reclaimable = Reclaimable()
 
@@ -726,7 +735,7 @@ class Reader:
             self._conn_pool = self._round_pool(keys or [pick for pick, _ in acks])
             # Connected (anew after a drop) within the round's own time.
             conn = self._conn = _connection(self._conn_pool, time.monotonic() + wait)
-        commands = round_commands(acks, keys, block)
+        commands = round_commands(acks, keys, block, self._multipop)
         # The blocking read may last `block`, whatever the client's socket
         # timeout: wait for the reply here (`wait`), then read it.
         try:
@@ -739,6 +748,9 @@ class Reader:
             raise
         if self._cluster and moved(replies):
             self._client.nodes_manager.initialize()  # learn the new owner of the slot
+        if self._multipop and multipop_refused(commands, replies):
+            self._multipop = False  # Redis 6.2: BLPOP rounds from now on
+            return self._exchange(acks, keys, block, wait)
         return round_replies(commands, replies)
 
     def _round_pool(self, keys: list[str]) -> Any:

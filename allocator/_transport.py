@@ -45,7 +45,7 @@ from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
 from redis.sentinel import SentinelConnectionPool
 
-from ._core.liveness import HEARTBEAT
+from ._core.liveness import HEARTBEAT_PRESENT
 
 __all__ = [
     "bound_client_retries",
@@ -233,8 +233,8 @@ def heartbeat_for(client: Any) -> float:
         kwargs = getattr(getattr(client, "nodes_manager", None), "connection_kwargs", None) or {}
     socket_timeout = kwargs.get("socket_timeout")
     if isinstance(socket_timeout, (int, float)) and socket_timeout > 0:
-        return max(0.01, min(HEARTBEAT, socket_timeout / 2))
-    return HEARTBEAT
+        return max(0.01, min(HEARTBEAT_PRESENT, socket_timeout / 2))
+    return HEARTBEAT_PRESENT
 
 
 def keeps_presence(client: Any) -> bool:

@@ -75,9 +75,10 @@ P.DROP_LIMIT = 200
 -- head (P:sweep). Each check is one PUBSUB call (~5k instructions).
 P.SWEEP = 128
 -- Hints are pushed only for events this close; a waiter looks again by
--- itself at least this often (HEARTBEAT in _core.py), so a later event is
--- met then, at no cost to the grant path.
-P.HORIZON_MS = 1000
+-- itself at least this often (its reader's heartbeat: HEARTBEAT_PRESENT in
+-- allocator/_core/liveness.py), so a later event is met then, at no cost to
+-- the grant path.
+P.HORIZON_MS = 3000
 -- Expired leases and ended quarantines handled per pass on a hot path;
 -- gc() loops until everything due is handled.
 P.BATCH = 64

@@ -62,12 +62,14 @@ class Node:
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
         return dict(line.split(":", 1) for line in text.split() if ":" in line)
 
-    def blocked_on(self, command: str = "blpop") -> int:
-        """Clients blocked in ``command`` on this node right now."""
+    def blocked_on(self, *commands: str) -> int:
+        """Clients blocked in one of ``commands`` on this node right now
+        (by default a reader's round: BLMPOP, or BLPOP on Redis 6.2)."""
+        wanted = commands or ("blmpop", "blpop")
         return sum(
             1
             for c in self.client.client_list()
-            if c.get("cmd") == command and "b" in c.get("flags", "")
+            if c.get("cmd") in wanted and "b" in c.get("flags", "")
         )
 
     def rejected_calls(self) -> int:

@@ -245,3 +245,11 @@ def readers_quiet(*pools: Any, timeout: float = 10.0) -> None:
 
     readers = [reader_for(pool.client, pool._pool) for pool in pools]
     wait_until(lambda: not any(r.reading for r in readers), timeout, "the readers to end")
+
+
+def blocked_readers(client: Any) -> int:
+    """Clients blocked in a reader's round right now (BLMPOP, or BLPOP on
+    Redis 6.2: a reader waiting on its list)."""
+    return sum(
+        1 for c in client.client_list() if c.get("cmd") in ("blpop", "blmpop") and "b" in c["flags"]
+    )

@@ -139,7 +139,7 @@ def test_documented_commands_are_exactly_what_the_scripts_call() -> None:
         assert called <= granted, called - granted
         client = {"fcall", "fcall_ro"} if "+fcall" in line else {"evalsha", "eval"}
         presence = {"ssubscribe", "subscribe"}  # the client's presence connection
-        assert granted - called == client | presence | {"blpop", "lpop"}, granted - called
+        assert granted - called == client | presence | {"blpop", "blmpop", "lpop"}, granted - called
 
 
 def test_the_line_that_may_only_call_the_library(server: RedisServer) -> None:

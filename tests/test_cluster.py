@@ -703,7 +703,7 @@ def test_every_script_runs_clean_and_writes_only_declared_keys(env: Env) -> None
         failed = {
             command: (row.get("failed_calls", 0), row.get("rejected_calls", 0))
             for command, row in stats.items()
-            if command in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_blpop")
+            if command in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_blpop", "cmdstat_blmpop")
         }
         assert sum(f for f, _ in failed.values()) == errors.get("NOSCRIPT", 0), (each, failed)
         assert sum(r for _, r in failed.values()) == 0, (each, failed, errors)

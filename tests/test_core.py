@@ -29,7 +29,7 @@ from allocator import (
 )
 from allocator._core.hub import Hub
 from allocator._core.keys import _escape
-from allocator._core.liveness import HEARTBEAT
+from allocator._core.liveness import HEARTBEAT, HEARTBEAT_PRESENT
 from allocator._core.pool import Pool
 from allocator._core.replies import _tagged
 from allocator._scripts import OPERATIONS, load_scripts
@@ -272,8 +272,25 @@ def test_the_first_round_after_a_failure_is_a_heartbeat() -> None:
 
 def test_heartbeat_stays_under_the_socket_timeout() -> None:
     assert heartbeat_for(redis.Redis(socket_timeout=0.5)) == 0.25
-    assert heartbeat_for(redis.Redis(socket_timeout=None)) == 1.0
-    assert heartbeat_for(redis.Redis(socket_timeout=30)) == 1.0
+    assert heartbeat_for(redis.Redis(socket_timeout=None)) == HEARTBEAT_PRESENT
+    assert heartbeat_for(redis.Redis(socket_timeout=30)) == HEARTBEAT_PRESENT
+
+
+def test_a_client_that_keeps_a_presence_beats_rarely() -> None:
+    """Waiting costs a client that keeps a presence a heartbeat every
+    HEARTBEAT_PRESENT seconds; one judged by its mark alone beats every
+    HEARTBEAT, and a reader serving both beats for the one that needs it."""
+    hub = Hub(HEARTBEAT_PRESENT)
+    present = Pool.create("a", lease_ttl=60, bind_ttl=60, prefix="alloc")
+    plain = Pool.create("b", lease_ttl=60, bind_ttl=60, prefix="alloc")
+    hub.decide_presence(present, True)
+    hub.decide_presence(plain, False)
+    hub.register(present, "l1", None)
+    assert hub.interval() == HEARTBEAT_PRESENT
+    hub.register(plain, "l2", None)
+    assert hub.interval() == HEARTBEAT
+    hub.unregister("l2")
+    assert hub.interval() == HEARTBEAT_PRESENT
 
 
 # -- the public surface ----------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from helpers import wait_until
+from helpers import blocked_readers, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
 from allocator._core.keys import PICK
@@ -50,11 +50,6 @@ def thread_leads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     monkeypatch.setattr(Reader, "_lead", counted)
     return seen
-
-
-def blocked_readers(client: Any) -> int:
-    """Clients blocked in a BLPOP right now (a reader waiting on its list)."""
-    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c["flags"])
 
 
 def acquire_in_thread(pool: FairAllocator, timeout: float, out: list[Any]) -> threading.Thread:

@@ -19,7 +19,7 @@ import redis
 import redis.asyncio
 from _stallers import gil_waiter, loop_waiter
 from _workers import Proc, leaser, server_now
-from helpers import Background, Stepper, wait_until
+from helpers import Background, Stepper, blocked_readers, wait_until
 
 from allocator import AsyncFairAllocator, FairAllocator, Lease
 from allocator._core.keys import KEY_SUFFIXES
@@ -35,11 +35,6 @@ def client(redis_url: str) -> Iterator[Any]:
     made = redis.Redis.from_url(redis_url, decode_responses=True)
     yield made
     made.close()
-
-
-def blocked_readers(client: Any) -> int:
-    """Clients blocked in a BLPOP right now (a reader waiting on its list)."""
-    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c["flags"])
 
 
 # -- 1. gc never deletes a live lease ------------------------------------------------

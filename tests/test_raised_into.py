@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import wait_until
+from helpers import blocked_readers, wait_until
 
 from allocator import AcquireTimeout, FairAllocator, Lease
 from allocator._core.hub import Hub
@@ -165,10 +165,6 @@ def client(redis_url: str) -> Iterator[Any]:
     made = redis.Redis.from_url(redis_url, decode_responses=True)
     yield made
     made.close()
-
-
-def blocked_readers(client: Any) -> int:
-    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c["flags"])
 
 
 class Outcome:

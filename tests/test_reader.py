@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import redis
 from _workers import Proc, async_leaser, interrupted_through_the_reader, leaser
-from helpers import wait_until
+from helpers import blocked_readers, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import FairAllocator, Lease
-from allocator._core.hub import Hub, popped, round_commands, round_replies
+from allocator._core.hub import Hub, multipop_refused, popped, round_commands, round_replies
 from allocator._core.liveness import HEARTBEAT
 from allocator._core.pool import Pool
 
@@ -34,11 +34,6 @@ def client(redis_url: str) -> Iterator[Any]:
     made = redis.Redis.from_url(redis_url, decode_responses=True)
     yield made
     made.close()
-
-
-def blocked_readers(client: Any) -> int:
-    """Clients blocked in a BLPOP right now (a reader waiting on its list)."""
-    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c["flags"])
 
 
 # -- the round's bookkeeping, as a model --------------------------------------------
@@ -72,8 +67,8 @@ def test_the_replies_of_a_round_keep_every_popped_message(
     acks: list[tuple[str, list[str]]], listed: list[str], data: st.DataObject
 ) -> None:
     """The pipeline's replies as the server may give them (a timed-out
-    BLPOP included) lose nothing."""
-    commands = round_commands(acks, listed, 1.0)
+    BLPOP included) lose nothing: the round of a server without BLMPOP."""
+    commands = round_commands(acks, listed, 1.0, multipop=False)
     first = data.draw(st.none() | st.tuples(st.sampled_from(listed), messages))
     lpops = [data.draw(st.none() | st.lists(messages, min_size=1, max_size=3)) for _ in listed]
     replies: list[Any] = [1 for _ in acks] + [list(first) if first else None, *lpops]
@@ -82,6 +77,34 @@ def test_the_replies_of_a_round_keep_every_popped_message(
         (key, m) for key, ms in zip(listed, lpops, strict=True) for m in ms or ()
     ]
     assert out == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    acks=st.lists(st.tuples(st.just("pick"), st.lists(messages, min_size=1, max_size=3))),
+    listed=st.lists(keys, min_size=1, max_size=3, unique=True),
+    data=st.data(),
+)
+def test_a_multipop_round_keeps_every_popped_message(
+    acks: list[tuple[str, list[str]]], listed: list[str], data: st.DataObject
+) -> None:
+    """The one-command round (BLMPOP, Redis >= 7): its reply, a list and
+    the messages popped from it, or nil when it timed out, loses nothing."""
+    commands = round_commands(acks, listed, 1.0)
+    assert [c[0] for c in commands] == ["ZREM"] * len(acks) + ["BLMPOP"]
+    got = data.draw(
+        st.none() | st.tuples(st.sampled_from(listed), st.lists(messages, min_size=1, max_size=4))
+    )
+    replies: list[Any] = [1 for _ in acks] + [[got[0], got[1]] if got else None]
+    assert round_replies(commands, replies) == ([(got[0], m) for m in got[1]] if got else [])
+
+
+def test_a_server_without_blmpop_gets_blpop_rounds() -> None:
+    commands = round_commands([], ["k1"], 1.0)
+    refusal = redis.exceptions.ResponseError("unknown command 'BLMPOP', with args beginning with:")
+    assert multipop_refused(commands, [refusal])
+    assert not multipop_refused(commands, [None])
+    assert not multipop_refused(round_commands([], ["k1"], 1.0, multipop=False), [None, None])
 
 
 @settings(max_examples=200, deadline=None)
@@ -155,7 +178,7 @@ def test_a_grant_pushed_during_a_client_pause_reaches_its_waiter(
     late.expect("ready")
     late.send("go")
     wait_until(lambda: pool.status().waiting == 2, what="the late waiter queued")
-    wait_until(lambda: blocked_readers(client) == 2, what="both readers in their BLPOP")
+    wait_until(lambda: blocked_readers(client) == 2, what="both readers in their blocking pop")
 
     # The pause outlasts the readers' blocking time, so their BLPOPs time
     # out under it and the LPOPs behind them wait; the release, sent now,

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from .keys import PICK
-from .liveness import ACK_GIVE_UP, PRESENT, WAITER_BACKOFF, alive_ms, silence
+from .liveness import ACK_GIVE_UP, PRESENT, WAITER_BACKOFF, alive_ms, heartbeat_of, silence
 from .pool import Pool
 from .replicas import check_slot
 from .replies import _decode, _tagged, _unexpected, request_of
@@ -176,8 +176,15 @@ class Hub:
             self._last_beat = now
         if self._beat_soon:
             return 0.0
-        beat = self.heartbeat - (now - self._last_beat)
+        beat = self.interval() - (now - self._last_beat)
         return beat if self._due is None else min(beat, self._due - now)
+
+    def interval(self) -> float:
+        """How often the heartbeat comes: for the clients ids of the pools
+        with waiters (a client that keeps a presence beats rarely:
+        liveness.HEARTBEAT_PRESENT), within the reader's own bound."""
+        cids = {s.cid for s in self._served.values() if s.lids}
+        return min([self.heartbeat, *(heartbeat_of(cid) for cid in cids)])
 
     def beats(self) -> list[tuple[str, Call[Beaten]]]:
         """The heartbeat of each pool with waiters, probing one of them in turn."""
@@ -457,14 +464,32 @@ READ_SLACK = 5.0
 
 
 def round_commands(
-    acks: list[tuple[str, list[str]]], keys: list[str], block: float
+    acks: list[tuple[str, list[str]]], keys: list[str], block: float, multipop: bool = True
 ) -> list[tuple[str | int, ...]]:
-    """The commands of a reader's round (see :class:`Hub`), for one pipeline."""
+    """The commands of a reader's round (see :class:`Hub`), for one pipeline:
+    the acknowledgements, then one ``BLMPOP`` that blocks and pops up to
+    :data:`BATCH` messages of the first list that has any (Redis >= 7,
+    Valkey), or, where the server has no ``BLMPOP`` (``multipop`` False:
+    Redis 6.2), a ``BLPOP`` and an ``LPOP`` per list."""
     commands: list[tuple[str | int, ...]] = [("ZREM", pick, *lids) for pick, lids in acks]
-    if keys:
+    if keys and multipop:
+        commands.append(("BLMPOP", f"{block:.3f}", len(keys), *keys, "LEFT", "COUNT", BATCH))
+    elif keys:
         commands.append(("BLPOP", *keys, f"{block:.3f}"))
         commands += [("LPOP", key, BATCH) for key in keys]
     return commands
+
+
+def multipop_refused(commands: list[tuple[str | int, ...]], replies: list[Any]) -> bool:
+    """Whether the server refused the round's ``BLMPOP``: a command it does
+    not know (Redis 6.2), or one the user's ACL does not grant (written for
+    0.3, whose rounds were ``BLPOP`` and ``LPOP``): the reader sends
+    ``BLPOP`` rounds from then on."""
+    for command, reply in zip(commands, replies, strict=False):
+        if command[0] == "BLMPOP" and isinstance(reply, Exception):
+            text = str(reply).lower()
+            return "unknown command" in text or ("permission" in text and "blmpop" in text)
+    return False
 
 
 def round_replies(
@@ -477,9 +502,13 @@ def round_replies(
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
-    at = next((i for i, c in enumerate(commands) if c[0] == "BLPOP"), None)
+    at = next((i for i, c in enumerate(commands) if c[0] in ("BLPOP", "BLMPOP")), None)
     if at is None:
         return []
+    if commands[at][0] == "BLMPOP":
+        # [key, [message, ...]], or nil when it timed out.
+        reply = replies[at]
+        return popped(None, [(reply[0], reply[1])] if reply else [])
     keys = [c[1] for c in commands[at + 1 :]]
     return popped(replies[at], list(zip(keys, replies[at + 1 :], strict=True)))
 

@@ -20,10 +20,16 @@ from __future__ import annotations
 from .retry import RETRY_BUDGET
 
 #: Longest a client's reader blocks on its signal list before it refreshes
-#: the client's liveness mark (a poll that also serves the queue). Kept well
-#: under redis-py's default socket timeout (5 s), so that a blocking read
-#: never trips it.
+#: the client's liveness mark (a poll that also serves the queue), for a
+#: client judged by its mark alone.
 HEARTBEAT = 1.0
+#: The same for a client that keeps a presence: its connection answers for
+#: it (a dead one is found by its presence, and every release looks at the
+#: queue head), so its reader refreshes the mark rarely: waiting then costs
+#: its process about 2 commands per heartbeat (the heartbeat and one
+#: blocking read), under one a second. The reader waits for a blocking
+#: read's reply itself, so this may exceed the client's socket timeout.
+HEARTBEAT_PRESENT = 3.0
 #: The longest silence a client's reader may keep (a stalled event loop, a
 #: C call holding the GIL, a paused process) without its waiters losing
 #: their place or a grant pushed to them. Each refresh marks the client
@@ -52,7 +58,7 @@ PRESENT = "p."
 #: The liveness mark a refresh sets, in ms (see ALIVE).
 ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
 #: The same for a client that keeps a presence.
-ALIVE_PRESENT_MS = round((ALIVE_PRESENT + HEARTBEAT) * 1000)
+ALIVE_PRESENT_MS = round((ALIVE_PRESENT + HEARTBEAT_PRESENT) * 1000)
 
 
 def presence_budget(timeout: float | None) -> float:
@@ -67,6 +73,12 @@ def presence_budget(timeout: float | None) -> float:
 def alive_ms(cid: str) -> int:
     """The liveness mark (ms) that client ``cid`` sets at each refresh."""
     return ALIVE_PRESENT_MS if cid.startswith(PRESENT) else ALIVE_MS
+
+
+def heartbeat_of(cid: str) -> float:
+    """How often the reader of client ``cid`` refreshes its mark, at the
+    longest."""
+    return HEARTBEAT_PRESENT if cid.startswith(PRESENT) else HEARTBEAT
 
 
 def silence(cid: str) -> float:
