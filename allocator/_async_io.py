@@ -273,7 +273,7 @@ class Reader:
     left to wait, acknowledgements wait ``ACK_DELAY`` for the next waiter's
     round, then a task of the reader's own sends them and ends."""
 
-    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop, key: str) -> None:
         self.loop = loop
         self._client = client
         self._scripts = scripts()
@@ -285,7 +285,7 @@ class Reader:
         self._conn: Any = None
         #: On a cluster, the node ``_conn`` came from.
         self._node: Any = None
-        self.presence = AsyncPresence(client) if keeps_presence(client) else None
+        self.presence = AsyncPresence(client, key) if keeps_presence(client) else None
         self.holds = Holds()
         self._watcher: asyncio.Task[None] | None = None
         self._beat_generation = 0
@@ -669,7 +669,7 @@ def reader_for(client: Any, pool: Pool) -> Reader:
     readers = _REGISTRY.setdefault(client, {})
     reader = readers.get(where)
     if reader is None or reader.loop is not loop:
-        reader = readers[where] = Reader(client, loop)
+        reader = readers[where] = Reader(client, loop, pool.keys[0])
     return reader
 
 

@@ -27,9 +27,11 @@ _log = logging.getLogger("allocator")
 
 def _failed(channel: str, error: BaseException) -> bool | None:
     """What a failed subscription to ``channel`` decides: nothing yet (None)
-    if the server was out of reach, said at debug; no presence there
-    (False) if it refused, said once in the log."""
-    if is_transient(error):
+    if the server was out of reach or did not answer in time (a transport
+    error, or the asyncio shell's own bound on the subscription running
+    out), said at debug; no presence there (False) if it refused, said once
+    in the log."""
+    if is_transient(error) or isinstance(error, TimeoutError):
         _log.debug("allocator: presence on %s not set up yet: %r", channel, error)
         return None
     _log.warning(
@@ -221,11 +223,17 @@ class Presence:
 
 
 class AsyncPresence:
-    """Same as the sync shell's presence (:class:`Presence`),
-    awaitable."""
+    """Same as the sync shell's presence (:class:`Presence`), awaitable. On
+    a cluster, redis-py's asyncio client has no PubSub of a node (before
+    redis-py 8): the connection is made to the master of ``key``'s slot
+    through a connection pool of the presence's own, with the node's
+    settings, closed with the presence."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, key: str) -> None:
         self._client = client
+        self._key = key
+        #: On a cluster, the client of the node the presence is kept on.
+        self._node: Any = None
         self._pubsub: Any = None
         self._sharded = True
         self._probes = 0
@@ -300,10 +308,29 @@ class AsyncPresence:
         if pubsub is not None:
             with contextlib.suppress(Exception):
                 await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
+        node, self._node = self._node, None
+        if node is not None:
+            with contextlib.suppress(Exception):
+                await node.connection_pool.disconnect()
+
+    def _new_pubsub(self) -> Any:
+        """A PubSub of the client's, or on a cluster of the master of the
+        presence's slot (found again at each subscription, so that after a
+        failover it goes to the new master)."""
+        if not is_cluster(self._client):
+            return self._client.pubsub()
+        import redis.asyncio
+
+        node = self._client.get_node_from_key(self._key)
+        pool = redis.asyncio.ConnectionPool(
+            connection_class=node.connection_class, max_connections=2, **node.connection_kwargs
+        )
+        self._node = redis.asyncio.Redis(connection_pool=pool)
+        return self._node.pubsub()
 
     async def _subscribe(self, channels: list[str], budget: float) -> None:
         if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
+            self._pubsub = self._new_pubsub()
         if self._sharded:
             try:
                 if hasattr(self._pubsub, "ssubscribe"):
@@ -321,7 +348,7 @@ class AsyncPresence:
                     raise
                 self._sharded = False
                 await self._close()
-                self._pubsub = self._client.pubsub()
+                self._pubsub = self._new_pubsub()
         await self._pubsub.subscribe(*channels)
         await self._confirm(len(channels), budget)
 

@@ -238,16 +238,12 @@ def heartbeat_for(client: Any) -> float:
 
 
 def keeps_presence(client: Any) -> bool:
-    """Whether the allocator keeps a presence (CONTRACT.md section 11) for
-    this client: a server's connection to a real process (on a cluster, to
-    the master of each slot it waits in). Not for fakeredis (one process,
-    nothing to tell apart), nor for redis-py's asyncio cluster client (it
-    has no PubSub, and a connection of the library's own to a node would
-    outlive the client): there the liveness mark alone judges."""
-    kind = type(client).__module__
-    return not kind.startswith("fakeredis") and not (
-        kind.startswith("redis.asyncio") and is_cluster(client)
-    )
+    """Whether the allocator keeps a presence (docs/concepts.md,
+    "Presence") for this client: a server's connection to a real process (on
+    a cluster, to the master of each slot it waits in). Not for fakeredis
+    (one process, nothing to tell apart): there the liveness mark alone
+    judges."""
+    return not type(client).__module__.startswith("fakeredis")
 
 
 def is_cluster(client: Any) -> bool:

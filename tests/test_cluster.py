@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 import shutil
 import threading
@@ -35,6 +36,7 @@ from helpers import Background, LoopThread, SyncView, wait_until
 from redis.cluster import key_slot
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease, UnknownResource
+from allocator._core.hub import present
 from allocator._core.liveness import ALIVE_PRESENT
 from allocator._core.pool import Pool
 from allocator._core.steps import Call
@@ -416,22 +418,18 @@ def presence_channels(node: Node, name: str) -> list[bytes]:
 
 
 def test_a_cluster_client_keeps_its_presence_on_the_slots_master(env: Env) -> None:
-    """Sync clients keep a presence on the master of the pool's slot; the
-    asyncio cluster client has no PubSub, so there nobody can tell (the
-    liveness mark alone judges)."""
+    """Sync and asyncio clients keep a presence on the master of the
+    pool's slot (before, the asyncio cluster client kept none: the liveness
+    mark alone judged it)."""
     name, node = names_on_every_node(env.cluster, "presence")[2]
     holder, waiter = env.pool(name), env.pool(name)
     holder.extend(["r"])
     held = holder.acquire(timeout=5)
     job = Job(lambda: waiter.acquire(timeout=30), env)
     wait_until(lambda: waiting(holder) == 1, what="the waiter queued")
-    if env.flavour == "sync":
-        wait_until(lambda: len(presence_channels(node, name)) == 2, what="both present there")
-        assert all(presence_channels(n, name) == [] for n in env.cluster.nodes if n != node)
-        assert [info.holder_present for info in holder.leases()] == [True]
-    else:
-        assert all(presence_channels(n, name) == [] for n in env.cluster.nodes)
-        assert [info.holder_present for info in holder.leases()] == [None]
+    wait_until(lambda: len(presence_channels(node, name)) == 2, what="both present there")
+    assert all(presence_channels(n, name) == [] for n in env.cluster.nodes if n != node)
+    assert [info.holder_present for info in holder.leases()] == [True]
     assert holder.status().absent_holders == 0
     assert holder.release(held) is True
     got = job.result(10, "the waiter's acquire")
@@ -716,6 +714,20 @@ def test_every_script_runs_clean_and_writes_only_declared_keys(env: Env) -> None
     assert written, "no writes seen"
 
 
+def admin_pool(pool: Any) -> Any:
+    """The core Pool behind a FairAllocator or a SyncView of an async one."""
+    return getattr(pool, "inner", pool)._pool
+
+
+def run_step(env: Env, pool: Any, step: Any) -> Any:
+    """Carry out one step through the allocator's own shell."""
+    out = getattr(pool, "inner", pool)._step(step)
+    if inspect.iscoroutine(out):
+        assert env.loop is not None
+        return env.loop.run(out)
+    return out
+
+
 def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None:
     assert admin.extend(["r"]) == 1  # extend
     admin.bind("w", "r")  # bind
@@ -742,6 +754,10 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     admin.quarantine("r", 60)  # quarantine
     assert admin.unquarantine("r") is True  # unquarantine
     assert admin.revoke(got.id) is True  # revoke
+    # present: sent by a client's presence watch after each new subscription;
+    # a client with no subscriber is told so, and nothing is written.
+    call = present(admin_pool(admin), "p.nobody")
+    assert call.parse(run_step(env, admin, call)) == 0
     got = admin.acquire(timeout=5)
     assert admin.remove(["r"]) == 1  # remove (draining)
     assert admin.release(got) is True

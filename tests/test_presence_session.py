@@ -15,6 +15,7 @@ absences and take them for one.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,11 +23,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from _session_workers import Flapper, crowd, flapped_url, timed_waiter, watching_holder
 from _workers import Proc, server_now
-from helpers import wait_until
+from helpers import LoopThread, wait_until
 
-from allocator import FairAllocator
+from allocator import AsyncFairAllocator, FairAllocator
 from allocator._core.liveness import GRACE, HEARTBEAT_PRESENT
 
 #: How long each trial flaps the connections: several graces.
@@ -295,3 +297,35 @@ def test_waiting_costs_under_a_command_a_second(
     waiter.expect("granted", timeout=15)
     waiter.send("release")
     assert waiter.expect("released") is True
+
+
+@pytest.mark.real_redis
+def test_an_asyncio_client_gets_its_presence_after_a_first_subscription_timed_out(
+    redis_url: str, client: Any, pool_name: str
+) -> None:
+    """The server does not answer during the client's first wait (``CLIENT
+    PAUSE``), so the subscription of its presence runs out of time: the
+    client waits without one this time, as a sync client does, and sets it
+    up at its next wait (before: never again in that pool, with a warning
+    that blamed the ACL)."""
+    loop = LoopThread()
+    aclient = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        apool = AsyncFairAllocator(aclient, pool_name)
+        pool = FairAllocator(client, pool_name)
+        pool.extend(["r"])
+        client.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+        first = loop.run(apool.acquire(timeout=10))
+        assert first.resource == "r"
+        assert pool.leases()[0].holder_present is None  # no presence this time
+        loop.run(apool.release(first))
+        held = pool.acquire(timeout=5)
+        task = asyncio.run_coroutine_threadsafe(apool.acquire(timeout=10), loop.loop)
+        wait_until(lambda: pool.status().waiting == 1, what="queued again")
+        assert pool.release(held)
+        second = task.result(10)
+        assert pool.leases()[0].holder_present is True
+        loop.run(apool.release(second))
+    finally:
+        loop.run(aclient.aclose())
+        loop.close()
