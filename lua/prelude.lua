@@ -78,7 +78,7 @@ P.SWEEP = 128
 -- itself at least this often (its reader's heartbeat: HEARTBEAT_PRESENT in
 -- allocator/_core/liveness.py), so a later event is met then, at no cost to
 -- the grant path.
-P.HORIZON_MS = 3000
+P.HORIZON_MS = 2000
 -- Expired leases and ended quarantines handled per pass on a hot path;
 -- gc() loops until everything due is handled.
 P.BATCH = 64
@@ -98,6 +98,9 @@ P.look = false
 -- end of the grace of an absent head this run met (P:serve), which a
 -- reader's heartbeat is told to look again at.
 P.swept, P.due = false, false
+-- The end of the grace of the absent client being granted (P:serve): its
+-- grant's pick-up check comes then (P:grant, P:grant_many).
+P.pick_at = false
 -- The earliest presence check of a holder this run scheduled
 -- (P:check_holder), which the head of the queue is told to look again for
 -- (P:maintain keeps it in `nh`).
@@ -1327,7 +1330,7 @@ function P:grant(t, best, self_lid)
   if t.l ~= self_lid then
     L.pickup = '1'
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))
-    self:schedule(self.PICK, self.now + self.PICKUP_MS, t.l)
+    self:schedule(self.PICK, self.pick_at or self.now + self.PICKUP_MS, t.l)
   end
   self:lease_save(t.l, L, dl)
   self:schedule(self.EXP, deadline, t.l, dl)
@@ -1422,10 +1425,11 @@ function P:serve(self_lid, waits)
         redis.call('HSET', self.META, 'ld', t.id)
       end
       drops = drops + 1
-    elseif gone_at then
-      -- The head's client is absent, within its grace: nobody passes it
-      -- (it may be reconnecting); whoever is next looks again when the
-      -- grace ends, when the head counts as gone if it is still absent.
+    elseif gone_at and not best then
+      -- The head's client is absent, within its grace, and nothing is
+      -- free: nobody passes it (it may be reconnecting); whoever is next
+      -- looks again when the grace ends, when the head counts as gone if
+      -- it is still absent.
       self:hint_next(t, gone_at, self_lid)
       self.due = gone_at
       return nil
@@ -1438,6 +1442,7 @@ function P:serve(self_lid, waits)
       self:hint(t, self_lid)
       return nil
     elseif t.n then
+      self.pick_at = gone_at
       -- A request for several resources. Head-of-line rule: it is served
       -- only when `n` resources are free at once, and while it waits at
       -- the head nobody behind it is served either (no backfilling), so a
@@ -1458,6 +1463,14 @@ function P:serve(self_lid, waits)
         return got
       end
     else
+      -- An absent head (within its grace) is served all the same, in its
+      -- turn: a client that is reconnecting finds its grant on its list,
+      -- which its presence does not carry; the check of the grant comes
+      -- when the grace ends (P:grant), and takes it back if the client is
+      -- gone then. So a dead head holds up one resource for its grace, not
+      -- the whole queue (a pool whose workers are killed and replaced again
+      -- and again kept serving).
+      self.pick_at = gone_at
       local L = self:grant(t, best, self_lid)
       if L and t.l == self_lid then
         return L

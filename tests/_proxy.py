@@ -56,10 +56,18 @@ class PartitionProxy:
         while not self._closed.is_set():
             try:
                 near, _ = self._listener.accept()
-                far = socket.create_connection(self._upstream)
             except OSError:
                 return
+            try:
+                far = socket.create_connection(self._upstream)
+            except OSError:
+                near.close()
+                return
             with self._lock:
+                if self._closed.is_set():  # closed meanwhile: these too
+                    near.close()
+                    far.close()
+                    return
                 self._sockets += [near, far]
             for src, dst in ((near, far), (far, near)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()

@@ -210,7 +210,10 @@ def test_a_crowd_of_dead_clients_is_found_together(
     assert live.expect("released") is True
     status = pool.status()
     assert (status.free, status.leased, status.waiting) == (1, 0, 0)
-    assert pool.stats().dropped_waiters == 200
+    # Every dead waiter left the queue: dropped, or (the first, granted the
+    # resource in its turn while its grace ran) its grant taken back.
+    stats = pool.stats()
+    assert stats.dropped_waiters + stats.reclaimed == 200
 
 
 @pytest.mark.real_redis
@@ -231,7 +234,9 @@ def test_one_gc_leaves_no_dead_waiter_behind(
     report = pool.gc()
     status = pool.status()
     assert (status.free, status.leased, status.waiting) == (5, 0, 0)
-    assert report.dropped_waiters == 25
+    # Dropped, or granted a released resource in their turn while their
+    # graces ran and the grants taken back.
+    assert report.dropped_waiters + report.reclaimed == 25
     assert 0 < report.waited <= 2 * GRACE
 
 
@@ -274,10 +279,10 @@ def test_waiting_costs_under_a_command_a_second(
     redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc]
 ) -> None:
     """A process whose waiter waits sends on average at most one command a
-    second: its heartbeat, every 3 s, and one BLMPOP between two (6
-    commands in 9 s here; before: 26, its reader's BLPOP, LPOP and
-    heartbeat every second, and a holder's presence watch added a PING a
-    second)."""
+    second: its heartbeat, every 2 s, and one BLMPOP between two
+    (docs/scripts/presence_crowd.py idle: 0.5 a second; before: 26
+    commands in 9 s, its reader's BLPOP, LPOP and heartbeat every second,
+    and a holder's presence watch added a PING a second)."""
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
     held = pool.acquire(timeout=5)

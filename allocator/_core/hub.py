@@ -227,6 +227,8 @@ class Hub:
             served.epoch = epoch
             again = again or more
             resubscribe = resubscribe or present == 0
+        # Dead tickets left at a head: the next beat comes at once.
+        self._beat_soon = again
         return inboxes, again, resubscribe
 
     def all_inboxes(self) -> list[Any]:

@@ -27,9 +27,11 @@ HEARTBEAT = 1.0
 #: it (a dead one is found by its presence, and every release looks at the
 #: queue head), so its reader refreshes the mark rarely: waiting then costs
 #: its process about 2 commands per heartbeat (the heartbeat and one
-#: blocking read), under one a second. The reader waits for a blocking
+#: blocking read), under one a second. No longer, so that a live waiter
+#: behind a crowd of dead ones, which only its heartbeat finds, is served
+#: within 2.5 s of their death. The reader waits for a blocking
 #: read's reply itself, so this may exceed the client's socket timeout.
-HEARTBEAT_PRESENT = 3.0
+HEARTBEAT_PRESENT = 2.0
 #: The longest silence a client's reader may keep (a stalled event loop, a
 #: C call holding the GIL, a paused process) without its waiters losing
 #: their place or a grant pushed to them. Each refresh marks the client
