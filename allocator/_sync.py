@@ -23,7 +23,7 @@ from ._transport import (
     is_sentinel,
     no_client_retries,
 )
-from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
+from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
 
 __all__ = ["FairAllocator"]
@@ -493,6 +493,16 @@ class FairAllocator:
         (never the lease id). Writes nothing: a read-only user may call it."""
         return self._drive(self._pool.leases())
 
+    def clients(self) -> tuple[ClientInfo, ...]:
+        """Every client process of the pool (one per allocator object and
+        process) that waits, holds a lease, or waited lately: its id, the
+        host, pid and library version it gave when it joined, whether it is
+        connected, how long it has been silent, its waiters and leases, and
+        whether it is *stalled* (connected and waiting, but silent past its
+        heartbeat: stopped, paused or blocked). Writes nothing: a read-only
+        user may call it (docs/operations.md#clients)."""
+        return self._drive(self._pool.clients())
+
     def stats(self) -> PoolStats:
         """The pool's counters since it was created (grants, timeouts,
         reclaimed, revoked, dropped waiters, the wait histogram), as the
@@ -515,14 +525,27 @@ class FairAllocator:
         not in the pool."""
         return self._drive(self._pool.unquarantine(resource))
 
-    def revoke(self, lease_id: str) -> bool:
-        """End the lease whose id is ``lease_id`` now (an operator's "this
-        holder must let go"): the resource keeps its capacity, priority and
-        rate, and goes to the next waiter at once. The holder learns it at
-        its next renew (:class:`~allocator.LeaseLost`) or release (False),
-        and the exit of its ``lease()`` block raises ``LeaseLost``. True if
-        a live lease ended; False if none has that id (it ended already)."""
-        return self._drive(self._pool.revoke(lease_id))
+    def revoke(
+        self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
+    ) -> bool:
+        """End one lease now (an operator's "this holder must let go"): the
+        resource keeps its capacity, priority and rate, and goes to the next
+        waiter at once.
+
+        The lease is named as ``leases()`` and ``status`` show it: by its
+        ``resource`` and, where the resource holds several leases, its
+        fencing ``token`` (a token names one grant). Without a token, a
+        resource that holds several raises :class:`~allocator.SeveralLeases`
+        (a ``ValueError``) listing their tokens, and nothing is revoked. The
+        holder's own code may name it by ``lease_id=`` (``Lease.id``).
+
+        The holder is told at once through its presence connection:
+        :meth:`lost` turns true there (docs/api.md#lost); it also learns it
+        at its next renew (:class:`~allocator.LeaseLost`) or release
+        (False), and the exit of its ``lease()`` block raises
+        ``LeaseLost``. True if a live lease ended; False if none matched
+        (it ended already, or the token is not a live lease's)."""
+        return self._drive(self._pool.revoke(resource, token, lease_id))
 
     def delete(self, *, force: bool = False) -> bool:
         """Remove the pool and every key it has; False if there was none.
