@@ -402,15 +402,20 @@ class FairAllocator:
 
     def lost(self, lease: Lease) -> bool:
         """Whether this process knows that ``lease`` ended, without asking
-        the server (no I/O): true once a lease acquired with
+        the server (no I/O): true within a few ms of a revoke, a reclaim
+        (past its deadline, or its holder found gone), or a forced remove
+        or delete, whose script tells the holder on its presence connection
+        while it is connected; and once a lease acquired with
         ``reclaim_on_disconnect`` was given up because this process's
         presence stayed suspended for a safe part of the grace, always
         before the server may end it and grant its resource again
-        (docs/concepts.md, "Presence as a session"). A holder in the middle
-        of long work checks it between steps, and sends its fencing token
-        with every write, which fences anything that slips through. False
-        tells nothing about a lease that ended on the server by its
-        deadline or a revoke: ``renew`` says so."""
+        (docs/concepts.md, "Presence as a session"). Then ``renew`` raises
+        ``LeaseLost`` without asking (a keepalive stops), and so does the
+        exit of the ``lease()`` block. A holder in the middle of long work
+        checks it between steps, and sends its fencing token with every
+        write, which fences anything that slips through (docs/api.md#lost).
+        False proves nothing: the word may not have reached a process that
+        is disconnected or stopped."""
         return self._reader().lost(lease)
 
     def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
