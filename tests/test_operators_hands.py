@@ -16,6 +16,16 @@ from _workers import Proc, holder_and_waiter, lost_watcher
 from helpers import wait_until
 
 from allocator import FairAllocator, LeaseLost, SeveralLeases
+from allocator.metrics import AllocatorCollector
+
+
+def stalled_gauge(pool: Any) -> float:
+    """The ``allocator_stalled_clients`` gauge of ``pool`` in one scrape."""
+    for family in AllocatorCollector([pool]).collect():
+        if family.name == "allocator_stalled_clients":
+            (sample,) = family.samples
+            return float(sample.value)
+    raise AssertionError("no allocator_stalled_clients")
 
 
 @pytest.fixture
@@ -109,9 +119,11 @@ def test_clients_show_each_process_and_a_stalled_one(
         )
         (row,) = admin.clients()
         assert row.present is True and row.silent_for is not None and row.silent_for > 1
+        assert stalled_gauge(admin) == 1
         proc.kill()
         wait_until(lambda: admin.leases()[0].holder_present is False, timeout=15, what="shown gone")
         assert not any(c.stalled for c in admin.clients())
+        assert stalled_gauge(admin) == 0
         assert admin.revoke(lease.resource) is True
     finally:
         proc.close()
