@@ -10,13 +10,14 @@ from ._async import AsyncFairAllocator
 from ._core.keys import acl_key_pattern
 from ._scripts import load_functions, load_functions_async
 from ._sync import FairAllocator
-from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
+from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from .errors import (
     AcquireTimeout,
     AllocatorError,
     CorruptPool,
     LeaseLost,
     NotReplicated,
+    SeveralLeases,
     UnknownResource,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "AcquireTimeout",
     "AllocatorError",
     "AsyncFairAllocator",
+    "ClientInfo",
     "CorruptPool",
     "FairAllocator",
     "GCReport",
@@ -36,6 +38,7 @@ __all__ = [
     "PoolStats",
     "PoolStatus",
     "ResourceStatus",
+    "SeveralLeases",
     "UnknownResource",
     "acl_key_pattern",
     "load_functions",

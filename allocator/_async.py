@@ -43,7 +43,7 @@ from ._transport import (
     is_sentinel,
     no_client_retries,
 )
-from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
+from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
 
 __all__ = ["AsyncFairAllocator"]
@@ -367,6 +367,10 @@ class AsyncFairAllocator:
         """Same as :meth:`FairAllocator.leases <allocator.FairAllocator.leases>`, awaitable."""
         return await self._drive(self._pool.leases())
 
+    async def clients(self) -> tuple[ClientInfo, ...]:
+        """Same as :meth:`FairAllocator.clients <allocator.FairAllocator.clients>`, awaitable."""
+        return await self._drive(self._pool.clients())
+
     async def stats(self) -> PoolStats:
         """Same as :meth:`FairAllocator.stats <allocator.FairAllocator.stats>`, awaitable."""
         return await self._drive(self._pool.stats())
@@ -381,10 +385,12 @@ class AsyncFairAllocator:
         awaitable."""
         return await self._drive(self._pool.unquarantine(resource))
 
-    async def revoke(self, lease_id: str) -> bool:
+    async def revoke(
+        self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
+    ) -> bool:
         """Same as :meth:`FairAllocator.revoke <allocator.FairAllocator.revoke>`,
         awaitable."""
-        return await self._drive(self._pool.revoke(lease_id))
+        return await self._drive(self._pool.revoke(resource, token, lease_id))
 
     async def delete(self, *, force: bool = False) -> bool:
         """Same as :meth:`FairAllocator.delete <allocator.FairAllocator.delete>`, awaitable."""

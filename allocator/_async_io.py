@@ -359,7 +359,10 @@ class Reader:
             self._release_given_up()
             if self.holds.fresh:  # the last confirmation of the return failed
                 await self._confirm_return()
-            connected = await presence.listen(period)
+            heard = await presence.listen(period)
+            connected = heard is not None
+            if heard:  # the ends of leases the server told (Holds.heard)
+                self.holds.heard(heard)
             if _cancelling(asyncio.current_task()):
                 # (redis-py's timed read can take a cancellation for its
                 # own timeout and return: the watch ends all the same.)

@@ -50,6 +50,21 @@ def _answers(reply: Any, token: str) -> bool:
     return any((item.decode() if isinstance(item, bytes) else item) == token for item in items)
 
 
+def _message(reply: Any) -> str | None:
+    """The data of a message published on a presence channel, from what
+    the connection read: ``[smessage, channel, data]`` (sharded) or
+    ``[message, channel, data]``, in RESP2 or RESP3, bytes or str; None for
+    anything else (a confirmation, a PING's answer)."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != 3:
+        return None
+    kind, data = reply[0], reply[2]
+    if isinstance(kind, bytes):
+        kind = kind.decode("ascii", "replace")
+    if kind not in ("message", "smessage"):
+        return None
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+
+
 def refused(client: Any, error: BaseException) -> bool:
     """Whether ``error`` says that ``client``'s one server refused a
     connection (it was not running): not for a cluster or Sentinel client,
@@ -68,9 +83,11 @@ class Presence:
     """The presence of one reader's client in this process (CONTRACT.md
     section 11): one connection, subscribed to the presence channel of each
     pool the client waits in (sharded channels where the server has them:
-    SSUBSCRIBE on Redis >= 7 and Valkey, SUBSCRIBE on 6.2). Nothing is ever
-    published there; the scripts count its subscribers, and the server
-    drops it the moment this process dies.
+    SSUBSCRIBE on Redis >= 7 and Valkey, SUBSCRIBE on 6.2). The scripts
+    count its subscribers, and the server drops it the moment this process
+    dies; what they publish there is the end of a lease of this client's
+    (``e|<lease id>``: a revoke, a reclaim, lua/prelude.lua ``P:tell_end``),
+    which :meth:`listen` returns.
 
     On a cluster (a reader per hash slot), the connection goes to the
     master of the reader's slot, ``key``'s, where its scripts count the
@@ -83,6 +100,9 @@ class Presence:
         self._pubsub: Any = None
         self._sharded = True
         self._probes = 0
+        #: Messages read and not yet returned by listen (read by a probe,
+        #: or before the connection broke).
+        self._heard: list[str] = []
         self._lock = threading.Lock()
         #: Counts the subscriptions made on new connections: a heartbeat
         #: that found the client absent subscribes again only if none was
@@ -117,22 +137,32 @@ class Presence:
                 self._close()  # no connection rather than one not subscribed
                 raise
 
-    def listen(self, wait: float) -> bool | None:
+    def listen(self, wait: float) -> list[str] | None:
         """Wait up to ``wait`` seconds on the presence connection, sending
-        nothing: True if it is still open, None if there is none or it
-        broke meanwhile (then it is closed). Nothing is ever published on
-        a presence channel, so this only wakes for a close."""
+        nothing: the messages published on its channels (see the class),
+        returned as soon as one comes (an empty list: none came, the
+        connection is still open); None if there is none or it broke
+        meanwhile (then it is closed, and what it read is kept for the next
+        call)."""
         with self._lock:
             if self._pubsub is None:
                 return None
+            heard, self._heard = self._heard, []
             try:
                 with no_client_retries():
-                    self._pubsub.parse_response(block=False, timeout=wait)
+                    reply = self._pubsub.parse_response(block=False, timeout=0 if heard else wait)
+                    while reply is not None:
+                        message = _message(reply)
+                        if message is not None:
+                            heard.append(message)
+                        # Then what else is there already, without waiting.
+                        reply = self._pubsub.parse_response(block=False, timeout=0)
             except Exception as exc:
                 _log.debug("allocator: presence connection lost: %r", exc)
+                self._heard = heard
                 self._close()
                 return None
-            return True
+            return heard
 
     def probe(self, wait: float) -> bool | None:
         """Send a PING on the presence connection: True if it is answered
@@ -155,7 +185,10 @@ class Presence:
                         reply = self._pubsub.parse_response(block=False, timeout=left)
                         if reply is None:
                             return False
-                        if _answers(reply, token):
+                        message = _message(reply)
+                        if message is not None:  # for the next listen
+                            self._heard.append(message)
+                        elif _answers(reply, token):
                             return True
             except Exception as exc:
                 _log.debug("allocator: presence connection lost: %r", exc)
@@ -237,6 +270,7 @@ class AsyncPresence:
         self._pubsub: Any = None
         self._sharded = True
         self._probes = 0
+        self._heard: list[str] = []
         self._lock = asyncio.Lock()
         self.generation = 0
 
@@ -263,18 +297,27 @@ class AsyncPresence:
                 await self._close()
                 raise
 
-    async def listen(self, wait: float) -> bool | None:
+    async def listen(self, wait: float) -> list[str] | None:
         async with self._lock:
             if self._pubsub is None:
                 return None
+            heard, self._heard = self._heard, []
             try:
                 with no_client_retries():
-                    await self._pubsub.parse_response(block=False, timeout=wait)
+                    reply = await self._pubsub.parse_response(
+                        block=False, timeout=0 if heard else wait
+                    )
+                    while reply is not None:
+                        message = _message(reply)
+                        if message is not None:
+                            heard.append(message)
+                        reply = await self._pubsub.parse_response(block=False, timeout=0)
             except Exception as exc:
                 _log.debug("allocator: presence connection lost: %r", exc)
+                self._heard = heard
                 await self._close()
                 return None
-            return True
+            return heard
 
     async def probe(self, wait: float) -> bool | None:
         async with self._lock:
@@ -292,7 +335,10 @@ class AsyncPresence:
                         reply = await self._pubsub.parse_response(block=False, timeout=left)
                         if reply is None:
                             return False
-                        if _answers(reply, token):
+                        message = _message(reply)
+                        if message is not None:  # for the next listen
+                            self._heard.append(message)
+                        elif _answers(reply, token):
                             return True
             except Exception as exc:
                 _log.debug("allocator: presence connection lost: %r", exc)

@@ -76,6 +76,7 @@ OPERATIONS = (
     "unquarantine",
     "revoke",
     "delete",
+    "clients",
 )
 
 
@@ -83,7 +84,7 @@ OPERATIONS = (
 #: the Functions library and called with ``FCALL_RO``, so that a monitoring
 #: user whose ACL allows only ``FCALL_RO`` and read-only keys (``%R~``) can
 #: run them, and so can a replica.
-READ_ONLY = frozenset({"status", "leases", "stats"})
+READ_ONLY = frozenset({"status", "leases", "stats", "clients"})
 
 
 def lua_dir() -> Path:

@@ -23,7 +23,7 @@ from ._transport import (
     is_sentinel,
     no_client_retries,
 )
-from ._values import GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
+from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
 
 __all__ = ["FairAllocator"]
@@ -402,15 +402,20 @@ class FairAllocator:
 
     def lost(self, lease: Lease) -> bool:
         """Whether this process knows that ``lease`` ended, without asking
-        the server (no I/O): true once a lease acquired with
+        the server (no I/O): true within a few ms of a revoke, a reclaim
+        (past its deadline, or its holder found gone), or a forced remove
+        or delete, whose script tells the holder on its presence connection
+        while it is connected; and once a lease acquired with
         ``reclaim_on_disconnect`` was given up because this process's
         presence stayed suspended for a safe part of the grace, always
         before the server may end it and grant its resource again
-        (docs/concepts.md, "Presence as a session"). A holder in the middle
-        of long work checks it between steps, and sends its fencing token
-        with every write, which fences anything that slips through. False
-        tells nothing about a lease that ended on the server by its
-        deadline or a revoke: ``renew`` says so."""
+        (docs/concepts.md, "Presence as a session"). Then ``renew`` raises
+        ``LeaseLost`` without asking (a keepalive stops), and so does the
+        exit of the ``lease()`` block. A holder in the middle of long work
+        checks it between steps, and sends its fencing token with every
+        write, which fences anything that slips through (docs/api.md#lost).
+        False proves nothing: the word may not have reached a process that
+        is disconnected or stopped."""
         return self._reader().lost(lease)
 
     def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
@@ -493,6 +498,16 @@ class FairAllocator:
         (never the lease id). Writes nothing: a read-only user may call it."""
         return self._drive(self._pool.leases())
 
+    def clients(self) -> tuple[ClientInfo, ...]:
+        """Every client process of the pool (one per allocator object and
+        process) that waits, holds a lease, or waited lately: its id, the
+        host, pid and library version it gave when it joined, whether it is
+        connected, how long it has been silent, its waiters and leases, and
+        whether it is *stalled* (connected and waiting, but silent past its
+        heartbeat: stopped, paused or blocked). Writes nothing: a read-only
+        user may call it (docs/operations.md#clients)."""
+        return self._drive(self._pool.clients())
+
     def stats(self) -> PoolStats:
         """The pool's counters since it was created (grants, timeouts,
         reclaimed, revoked, dropped waiters, the wait histogram), as the
@@ -515,14 +530,27 @@ class FairAllocator:
         not in the pool."""
         return self._drive(self._pool.unquarantine(resource))
 
-    def revoke(self, lease_id: str) -> bool:
-        """End the lease whose id is ``lease_id`` now (an operator's "this
-        holder must let go"): the resource keeps its capacity, priority and
-        rate, and goes to the next waiter at once. The holder learns it at
-        its next renew (:class:`~allocator.LeaseLost`) or release (False),
-        and the exit of its ``lease()`` block raises ``LeaseLost``. True if
-        a live lease ended; False if none has that id (it ended already)."""
-        return self._drive(self._pool.revoke(lease_id))
+    def revoke(
+        self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
+    ) -> bool:
+        """End one lease now (an operator's "this holder must let go"): the
+        resource keeps its capacity, priority and rate, and goes to the next
+        waiter at once.
+
+        The lease is named as ``leases()`` and ``status`` show it: by its
+        ``resource`` and, where the resource holds several leases, its
+        fencing ``token`` (a token names one grant). Without a token, a
+        resource that holds several raises :class:`~allocator.SeveralLeases`
+        (a ``ValueError``) listing their tokens, and nothing is revoked. The
+        holder's own code may name it by ``lease_id=`` (``Lease.id``).
+
+        The holder is told at once through its presence connection:
+        :meth:`lost` turns true there (docs/api.md#lost); it also learns it
+        at its next renew (:class:`~allocator.LeaseLost`) or release
+        (False), and the exit of its ``lease()`` block raises
+        ``LeaseLost``. True if a live lease ended; False if none matched
+        (it ended already, or the token is not a live lease's)."""
+        return self._drive(self._pool.revoke(resource, token, lease_id))
 
     def delete(self, *, force: bool = False) -> bool:
         """Remove the pool and every key it has; False if there was none.

@@ -498,7 +498,11 @@ class Reader:
                 probing, fresh = self.holds.probing, self.holds.fresh
             if fresh:  # the last confirmation of the return failed
                 self._confirm_return()
-            connected = presence.listen(period)
+            heard = presence.listen(period)
+            connected = heard is not None
+            if heard:  # the ends of leases the server told (Holds.heard)
+                with self._lock:
+                    self.holds.heard(heard)
             if self._unwatch.is_set():
                 continue
             if connected and probing:

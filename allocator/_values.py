@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["GCReport", "Lease", "LeaseInfo", "PoolStats", "PoolStatus", "ResourceStatus"]
+__all__ = [
+    "ClientInfo",
+    "GCReport",
+    "Lease",
+    "LeaseInfo",
+    "PoolStats",
+    "PoolStatus",
+    "ResourceStatus",
+]
 
 
 @attrs.frozen
@@ -87,6 +95,32 @@ class LeaseInfo:
     #: section 11); None where nobody can tell (a holder without a presence:
     #: an asyncio cluster or fakeredis client, an ACL without the channel).
     holder_present: bool | None = None
+    #: The holder's client id (a process, as ``clients()`` shows it).
+    client: str = ""
+
+
+@attrs.frozen
+class ClientInfo:
+    """One client of a pool (an allocator object's connection in one
+    process), as ``clients()`` shows it to people. ``host``, ``pid`` and
+    ``version`` are what it said when it joined the pool (None once gc
+    removed them with its liveness mark, docs/operations.md#clients).
+    ``present``: connected (its presence), None where nobody can tell.
+    ``silent_for``: seconds since its last heartbeat (a waiting client's
+    reader beats every second), None if unknown (it never waited).
+    ``stalled``: connected, waiting, and silent for longer than a
+    heartbeat and a margin: the process is stopped or its loop blocked."""
+
+    id: str
+    host: str | None
+    pid: int | None
+    version: str | None
+    joined_at: float | None
+    present: bool | None
+    silent_for: float | None
+    waiters: int
+    leases: int
+    stalled: bool
 
 
 @attrs.frozen

@@ -16,6 +16,7 @@ __all__ = [
     "CorruptPool",
     "LeaseLost",
     "NotReplicated",
+    "SeveralLeases",
     "UnknownResource",
 ]
 
@@ -59,6 +60,22 @@ class UnknownResource(AllocatorError, KeyError):
 
     def __str__(self) -> str:
         return f"resource {self.resource!r} is not in pool {self.pool!r}"
+
+
+class SeveralLeases(AllocatorError, ValueError):
+    """``revoke(resource)`` without a token, and the resource holds several
+    live leases: nothing was revoked. ``tokens`` are their fencing tokens,
+    from the oldest grant; pass one as ``token=`` to pick the lease."""
+
+    def __init__(self, pool: str, resource: str, tokens: tuple[int, ...]) -> None:
+        shown = ", ".join(str(token) for token in tokens)
+        super().__init__(
+            f"resource {resource!r} of pool {pool!r} holds {len(tokens)} live leases "
+            f"(tokens {shown}): give the token of the one to revoke; nothing was revoked"
+        )
+        self.pool = pool
+        self.resource = resource
+        self.tokens = tokens
 
 
 class NotReplicated(AllocatorError):

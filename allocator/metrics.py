@@ -6,8 +6,8 @@
     REGISTRY.register(AllocatorCollector([pool]))            # these pools
     REGISTRY.register(AllocatorCollector(client=r, prefix="alloc"))  # every pool, re-read
 
-Each scrape reads every pool with ``status()`` and ``stats()`` (two script
-runs that write nothing, so a read-only ACL user will do). The counters and
+Each scrape reads every pool with ``status()``, ``stats()`` and
+``clients()`` (script runs that write nothing, so a read-only ACL user will do). The counters and
 the wait histogram are kept in Redis by the scripts, so every process that
 exports them shows the same figures. ``prometheus_client`` is imported only
 when a scrape happens: the library itself does not depend on it (it comes
@@ -50,6 +50,8 @@ class _Reading:
     name: str
     status: PoolStatus | None = None
     stats: PoolStats | None = None
+    #: Clients connected, waiting and silent past their heartbeat.
+    stalled: int = 0
 
 
 @attrs.frozen
@@ -160,7 +162,9 @@ class AllocatorCollector:
                 readings.append(_Reading(pool.name))
                 continue
             try:
-                readings.append(_Reading(pool.name, pool.status(), pool.stats()))
+                status, stats = pool.status(), pool.stats()
+                stalled = sum(1 for c in pool.clients() if c.stalled)
+                readings.append(_Reading(pool.name, status, stats, stalled))
             except Exception as exc:
                 failed[pool.name] = exc
                 readings.append(_Reading(pool.name))
@@ -251,6 +255,12 @@ class AllocatorCollector:
         waiting = GaugeMetricFamily(
             "allocator_waiting", "Requesters in the queue.", labels=["pool"]
         )
+        stalled = GaugeMetricFamily(
+            "allocator_stalled_clients",
+            "Client processes connected and waiting but silent past their heartbeat "
+            "(stopped, paused or blocked).",
+            labels=["pool"],
+        )
         oldest = GaugeMetricFamily(
             "allocator_oldest_wait_seconds",
             "How long the head of the queue has waited (0 with nobody waiting).",
@@ -312,6 +322,7 @@ class AllocatorCollector:
                     resource_leases.add_metric([name, row.name], row.leases)
             leases.add_metric([name], status.leased)
             absent.add_metric([name], status.absent_holders)
+            stalled.add_metric([name], reading.stalled)
             waiting.add_metric([name], status.waiting)
             oldest.add_metric([name], status.oldest_wait)
             for field, family in counters.items():
@@ -330,6 +341,7 @@ class AllocatorCollector:
             resource_leases,
             leases,
             absent,
+            stalled,
             waiting,
             oldest,
             *counters.values(),

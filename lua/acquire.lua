@@ -6,7 +6,10 @@
 --       bind_ttl_ms (read only with a bind), owner (who holds the lease, for
 --       people: kept in the ticket's field `o`), reclaim ('1': the lease
 --       ends once its holder's presence is gone, P:check_holder; kept in
---       the ticket's field `e`; optional, '0' if left out)
+--       the ticket's field `e`; optional, '0' if left out), info (what the
+--       client says of itself on its first acquire in the pool:
+--       `<pid>|<version>|<host>`, kept with the time in RECS field
+--       `i|<cid>` and removed with its liveness mark by gc; optional)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
@@ -38,6 +41,15 @@ if not (owner and alive and lid ~= '' and cid ~= '' and owner ~= '' and #lid <= 
   if bad then
     return bad
   end
+end
+
+local info = ARGV[10]
+if info and info ~= '' then
+  local bad = P:arg('acquire', 'info', info, 'text', 512)
+  if bad then
+    return bad
+  end
+  P:introduce(cid, info, alive)
 end
 
 -- A retried call whose first reply was lost finds its own ticket here,

@@ -8,7 +8,8 @@
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), count, owner (who
 --       holds the leases, for people: the field `o` of every entry of the
 --       request, so that leases() shows it for each lease), reclaim (as
---       acquire's: optional, '1' in the field `e` of the request's head)
+--       acquire's: optional, '1' in the field `e` of the request's head),
+--       info (as acquire's: optional)
 -- Lease ids: lid for the first resource, `<lid>.<i>` for resource i.
 -- Reply: {'granted_many', ticket1, token1, granted_us1, deadline_ms1, ttl_ms1, resource1,
 --         ticket2, ...}                  count leases, in the order granted
@@ -31,6 +32,13 @@ if bad then
 end
 n = tonumber(n)
 local reclaim = ARGV[8] == '1' and string.sub(cid, 1, 2) == 'p.'
+if ARGV[9] and ARGV[9] ~= '' then
+  bad = P:arg('acquire_many', 'info', ARGV[9], 'text', 512)
+  if bad then
+    return bad
+  end
+  P:introduce(cid, ARGV[9], tonumber(alive_ms))
+end
 
 -- A retried call whose first reply was lost finds its own grant or ticket
 -- here, instead of queueing a second time (a grant that lost some of its

@@ -3,7 +3,8 @@
 -- told `d|<lease id>` on its client's signal list (its acquire raises
 -- AcquireTimeout: it must not wait for ever, nor queue again), a grant
 -- pushed and not yet taken becomes the same notice, and the holders of
--- live leases find them gone (renew: LeaseLost; release: false).
+-- live leases find them gone (renew: LeaseLost; release: false) and are
+-- told so on their presence channel (P:tell_end).
 --
 -- ARGV: force ('1' | '0')
 -- Reply: {'absent'} | {'busy', leases, waiting} | {'deleted', revoked, waiters}
@@ -36,6 +37,7 @@ for i = 1, #recs, 2 do
       redis.call('RPUSH', P.SIG .. L.cid, 'd|' .. lid)
       waiters = waiters + 1
     else
+      P:tell_end(lid, L.cid)
       revoked = revoked + 1
     end
   elseif raw then -- W|ticket: waiting

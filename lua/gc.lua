@@ -139,6 +139,7 @@ if not claimed.err then
     if L and L.ticket == id then
       if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
         P:end_and_settle(t.l, L)
+        P:tell_end(t.l, L.cid)
         P.reclaimed = P.reclaimed + 1
       end
     elseif raw and string.sub(raw, 3) == id then
@@ -213,7 +214,7 @@ local gone = redis.call('ZRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now, 'LIMIT',
 for _, cid in ipairs(gone) do
   redis.call('DEL', P.SIG .. cid)
   redis.call('ZREM', P.ALIVE, cid)
-  redis.call('HDEL', P.RECS, 'p|' .. cid)
+  redis.call('HDEL', P.RECS, 'p|' .. cid, 'i|' .. cid)
 end
 if #gone >= count then
   more = 1

@@ -10,11 +10,13 @@
 -- ARGV: after (the member the last page ended on; '' for the first page),
 --       count (index members per page)
 -- Reply: {'leases', now_us, next ('' : the last page), resource1, token1,
---         owner1, granted_us1, deadline_ms1, present1, resource2, ...}
+--         owner1, granted_us1, deadline_ms1, present1, client1, resource2,
+--         ...}
 --        present: 1 if the holder's client is connected (its presence
 --        channel has a subscriber), 0 if not (gone, or reconnecting), -1 if
 --        nobody can tell (a client without a presence, or a server or ACL
---        that cannot count subscribers)
+--        that cannot count subscribers); client: the holder's client id
+--        (clients.lua shows the client)
 -- Errors: ALLOCATOR-ARG (a bad count), ALLOCATOR-CORRUPT naming RECS, for a
 --         live lease's record that is damaged (gc removes it)
 local after, count = ARGV[1], ARGV[2]
@@ -50,6 +52,7 @@ for _, member in ipairs(held) do
     out[#out + 1] = L.granted
     out[#out + 1] = L.deadline
     out[#out + 1] = P:presence_of(L.cid)
+    out[#out + 1] = L.cid
   end
 end
 return out

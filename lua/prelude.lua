@@ -770,6 +770,7 @@ function P:reclaim(limit)
       redis.call('ZREM', self.EXP, lid)
     elseif L.deadline <= self.now or self:holder_gone(lid, L) then
       self:end_and_settle(lid, L)
+      self:tell_end(lid, L.cid)
       self.reclaimed = self.reclaimed + 1
     end
   end
@@ -1249,6 +1250,31 @@ function P:present(cid)
     return nil
   end
   return tonumber(reply[2]) > 0
+end
+
+-- What client `cid` says of itself when it joins the pool (its first
+-- acquire there): `info` (`<pid>|<version>|<host>`) with the time, in RECS
+-- field `i|<cid>` (clients.lua shows it). Kept once; it goes with the
+-- client's liveness mark (gc), which it starts if there is none, so that
+-- a client that never waits leaves nothing behind.
+function P:introduce(cid, info, alive)
+  if redis.call('HSETNX', self.RECS, 'i|' .. cid, self.now .. '|' .. info) == 1 then
+    redis.call('ZADD', self.ALIVE, 'NX', self.now + alive, cid)
+  end
+end
+
+-- Tell the holder of lease `lid` that it ended (revoked, reclaimed, its
+-- resource removed or its pool deleted by force): `e|<lease id>` on its
+-- client's presence channel, which its presence connection already
+-- listens to (allocator/_core/holding.py, `Holds.ended`), so that its
+-- `lost()` turns true at once. SPUBLISH where P:present counts with
+-- SHARDNUMSUB, PUBLISH on 6.2. Only for a client that keeps a presence;
+-- a failure (an ACL without the channel) tells nobody and changes nothing.
+function P:tell_end(lid, cid)
+  if string.sub(cid, 1, 2) == 'p.' then
+    redis.pcall(redis.REDIS_VERSION_NUM and 'SPUBLISH' or 'PUBLISH',
+      string.sub(self.SIG, 1, -3) .. 'p:' .. cid, 'e|' .. lid)
+  end
 end
 
 -- Which free resource the head gets; `best` is the first member of FREE.

@@ -214,6 +214,60 @@ def lease_block(url: str, name: str, inbox: Any, outbox: Any, ttl: float = 60.0)
         outbox.put(("exit", "ok"))
 
 
+def lost_watcher(url: str, name: str, inbox: Any, outbox: Any, use_asyncio: bool = False) -> None:
+    """Hold a lease in a ``lease(keepalive=True)`` block and look at
+    ``pool.lost(lease)`` every ms (as a holder between the steps of a
+    request): report ``("granted", lease)``, then ``("lost", time.time())``
+    once it turns true, then ``("exit", name of what the block's exit
+    raised, or None)``. ``use_asyncio``: the same with an
+    AsyncFairAllocator (the loop yields between looks)."""
+    if not use_asyncio:
+        _client, pool = _pool(url, name, 60.0)
+        try:
+            with pool.lease(timeout=10, keepalive=True) as lease:
+                outbox.put(("granted", lease))
+                while not pool.lost(lease):
+                    time.sleep(0.001)
+                outbox.put(("lost", time.time()))
+        except LeaseLost:
+            outbox.put(("exit", "LeaseLost"))
+            return
+        outbox.put(("exit", None))
+        return
+
+    import asyncio
+
+    import redis.asyncio
+
+    from allocator import AsyncFairAllocator
+
+    async def run() -> None:
+        client = redis.asyncio.Redis.from_url(url)
+        pool = AsyncFairAllocator(client, name)
+        try:
+            async with pool.lease(timeout=10, keepalive=True) as lease:
+                outbox.put(("granted", lease))
+                while not pool.lost(lease):
+                    await asyncio.sleep(0.001)
+                outbox.put(("lost", time.time()))
+        except LeaseLost:
+            outbox.put(("exit", "LeaseLost"))
+            return
+        outbox.put(("exit", None))
+
+    asyncio.run(run())
+
+
+def holder_and_waiter(url: str, name: str, inbox: Any, outbox: Any) -> None:
+    """Acquire a lease, report ``("holding", lease)``, then wait for a
+    second one (the client's reader beats meanwhile) until stopped."""
+    _client, pool = _pool(url, name, 60.0)
+    lease = pool.acquire(10)
+    outbox.put(("holding", lease))
+    with contextlib.suppress(AcquireTimeout):
+        pool.acquire(120)
+
+
 def gc_loop(url: str, name: str, inbox: Any, outbox: Any, every: float = 0.1) -> None:
     """Run ``pool.gc()`` every ``every`` seconds until told to stop. Reports
     ``("reclaimed", (count, server time))`` for each run that reclaimed

@@ -747,15 +747,17 @@ def test_revoke_ends_one_lease_and_status_shows_each_holder(env: tuple[str, str]
     assert "connected" in cli("status", "rv").stdout
     waiter = Background(lambda: pool.acquire(timeout=30))
     wait_until(lambda: pool.status().waiting == 1, what="a waiter")
-    done = cli("revoke", "rv", held.id)
+    done = cli("revoke", "rv", "a")
     assert done.returncode == 0, done.stderr
-    assert "lease revoked" in done.stdout
+    assert "lease on 'a' revoked" in done.stdout
     assert waiter.join().resource == "a"  # served at once
     with pytest.raises(LeaseLost):
         pool.renew(held)
-    done = cli("revoke", "rv", held.id)
+    done = cli("revoke", "rv", "a", "--token", str(held.token))
     assert done.returncode == 1
-    assert one_error_line(done) == "allocator: pool 'rv' has no live lease with that id"
+    assert one_error_line(done) == (
+        f"allocator: pool 'rv' has no live lease on 'a' with token {held.token}"
+    )
 
 
 @pytest.mark.parametrize(

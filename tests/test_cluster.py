@@ -750,10 +750,11 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     assert admin.status().leased == 1  # status
     admin.gc()  # gc
     assert [info.resource for info in admin.leases()] == ["r"]  # leases
+    assert sum(c.leases for c in admin.clients()) == 1  # clients
     assert admin.stats().grants == 3  # stats: acquire_many, acquire, the waiter
     admin.quarantine("r", 60)  # quarantine
     assert admin.unquarantine("r") is True  # unquarantine
-    assert admin.revoke(got.id) is True  # revoke
+    assert admin.revoke(lease_id=got.id) is True  # revoke
     # present: sent by a client's presence watch after each new subscription;
     # a client with no subscriber is told so, and nothing is written.
     call = present(admin_pool(admin), "p.nobody")

@@ -146,3 +146,35 @@ def test_the_watch_listens_while_waiting_and_sends_nothing_without_a_reclaimable
     assert not holds.probing
     holds.hold("b", 0.0, 10.0, reclaim=True)
     assert holds.probing
+
+
+def test_an_end_the_server_told_is_lost_at_once() -> None:
+    """``e|<lease id>`` on the presence channel (a revoke, a reclaim): lost
+    from then on, whatever the presence; other messages and leases not held
+    here change nothing."""
+    holds = Holds()
+    holds.hold("a", 0.0, 60.0, reclaim=False)
+    holds.hold("b", 0.0, 60.0, reclaim=True)
+    holds.confirmed(0.0)
+    holds.heard(["x|a", "e|zzz", "e|"])
+    assert not holds.lost("a", 1.0) and not holds.lost("b", 1.0)
+    holds.heard(["e|a"])
+    assert holds.lost("a", 1.0) and not holds.lost("b", 1.0)
+    holds.drop("a", 2.0)
+    assert not holds.lost("a", 2.0)
+    holds.ended("b")
+    assert holds.lost("b", 2.0)
+
+
+def test_messages_are_read_in_every_form() -> None:
+    from allocator._presence import _message
+
+    for reply in (
+        [b"smessage", b"ch", b"e|x"],
+        ["smessage", "ch", "e|x"],
+        (b"message", b"ch", b"e|x"),
+        ["message", "ch", "e|x"],
+    ):
+        assert _message(reply) == "e|x"
+    for reply in ([b"pong", b"allocator-probe-1"], b"PONG", [b"ssubscribe", b"ch", 1], None):
+        assert _message(reply) is None

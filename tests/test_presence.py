@@ -141,17 +141,19 @@ def test_revoke_ends_one_lease_and_the_resource_keeps_its_settings(pool: Any) ->
     held = pool.acquire(timeout=5)
     waiter = Background(lambda: pool.acquire(timeout=30))
     wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
-    assert pool.revoke(held.id) is True
+    assert pool.revoke(lease_id=held.id) is True
     got = waiter.join()
     assert got.resource == "r" and got.token > held.token
     with pytest.raises(LeaseLost):
         pool.renew(held)
     assert pool.release(held) is False
-    assert pool.revoke(held.id) is False  # ended already
+    assert pool.revoke(lease_id=held.id) is False  # ended already
     row = pool.status().resources[0]
     assert (row.capacity, row.priority, row.rate) == (1, 5.0, (100, 60.0))
     assert pool.stats().revoked == 1
     with pytest.raises(TypeError, match="lease_id"):
+        pool.revoke(lease_id=7)
+    with pytest.raises(TypeError, match="resource"):
         pool.revoke(7)
     assert pool.release(got)
 

@@ -105,8 +105,8 @@ class Ctx:
         """Valid arguments of each operation that takes some."""
         lease = self.lease
         return {
-            "acquire": ["newlid", "cid1", "60000", "5000", "1", "", "3600000", "me"],
-            "acquire_many": ["newlid", "cid1", "60000", "5000", "1", "2", "me"],
+            "acquire": ["newlid", "cid1", "60000", "5000", "1", "", "3600000", "me", "0", ""],
+            "acquire_many": ["newlid", "cid1", "60000", "5000", "1", "2", "me", "0", ""],
             "poll": ["newlid", "cid1", "5000", "", "2"],
             "present": ["p.cid1"],
             "cancel": ["newlid", "1"],
@@ -119,6 +119,8 @@ class Ctx:
             "quarantine": ["b", "1000"],
             "delete": ["0"],
             "gc": ["0-0", "", "0", "100"],
+            "revoke": ["res", "a", ""],
+            "clients": ["", "10"],
         }
 
     def cycle(self) -> None:
@@ -185,6 +187,8 @@ BAD: list[Case] = [
     case("acquire", {7: ""}, "owner"),
     case("acquire", {7: "x" * 201}, "owner"),
     case("acquire", {7: None}, "owner"),
+    case("acquire", {9: "x" * 513}, "info"),
+    case("acquire_many", {8: "x" * 513}, "info"),
     case("acquire_many", {0: "a.b"}, "lid"),
     case("acquire_many", {1: "c|d"}, "cid"),
     case("acquire_many", {2: "1e300"}, "ttl_ms"),
@@ -236,6 +240,13 @@ BAD: list[Case] = [
     *[case("quarantine", {1: v}, "ms") for v in ("0", "-5", "1e300", "abc")],
     case("delete", {0: "2"}, "force"),
     case("delete", {0: None}, "force"),
+    case("revoke", {0: "x"}, "how"),
+    case("revoke", {0: "id", 1: ""}, "lid"),
+    case("revoke", {1: "a\x00"}, "resource"),
+    case("revoke", {1: None}, "resource"),
+    *[case("revoke", {2: v}, "token") for v in ("0", "-1", "abc", "1e3", "1" * 20)],
+    *[case("clients", {0: v}, "cursor") for v in ("z", "a", "ax", "q1-", "a" + "1" * 16)],
+    *[case("clients", {1: v}, "count") for v in ("0", "10001", "abc")],
     *[case("gc", {0: v}, "pel_cursor") for v in ("abc", "1-", "99999999999999999999-0", "")],
     case("gc", {1: "x"}, "queue_cursor"),
     *[case("gc", {2: v}, "res_cursor") for v in ("abc", "-1", "1" * 20)],
@@ -640,6 +651,7 @@ def test_garbage_arguments_never_break_the_pool(ctx: Ctx, plan: list[Any]) -> No
     ctx.pool.status()
     ctx.pool.leases()
     ctx.pool.stats()
+    ctx.pool.clients()
     ctx.pool.extend(["probe"])
     lease = ctx.pool.acquire(timeout=5)
     assert isinstance(lease, Lease) and ctx.pool.release(lease) is True

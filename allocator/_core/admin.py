@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .._values import GCReport, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
-from ..errors import AllocatorError, UnknownResource
+from .._values import ClientInfo, GCReport, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
+from ..errors import AllocatorError, SeveralLeases, UnknownResource
 from .base import PoolBase
 from .checks import (
     MAX_LEASE_ID,
     MAX_PRIORITY,
     MAX_RESOURCE,
+    MAX_TOKEN,
     _int,
     _ms,
     _resources,
@@ -22,6 +23,7 @@ from .checks import (
     _shown,
     _text,
 )
+from .clients import clients_of
 from .replies import _decode, _tagged, _unexpected, stats_from_fields
 from .steps import Call, Flow, Sleep
 
@@ -195,12 +197,12 @@ class Admin(PoolBase):
 
         def parse(reply: Any) -> tuple[str, list[LeaseInfo]]:
             tag, rest = _tagged("leases", reply)
-            if tag != "leases" or len(rest) < 2 or (len(rest) - 2) % 6:
+            if tag != "leases" or len(rest) < 2 or (len(rest) - 2) % 7:
                 raise _unexpected("leases", reply)
             out = []
-            for i in range(2, len(rest), 6):
-                resource, token, owner, granted_us, deadline_ms, present = (
-                    _decode(x) for x in rest[i : i + 6]
+            for i in range(2, len(rest), 7):
+                resource, token, owner, granted_us, deadline_ms, present, cid = (
+                    _decode(x) for x in rest[i : i + 7]
                 )
                 out.append(
                     LeaseInfo(
@@ -210,6 +212,7 @@ class Admin(PoolBase):
                         granted_at=int(granted_us) / 1e6,
                         expires_at=int(deadline_ms) / 1000,
                         holder_present=None if int(present) < 0 else int(present) == 1,
+                        client=cid,
                     )
                 )
             return _decode(rest[1]), out
@@ -223,6 +226,30 @@ class Admin(PoolBase):
                 break
         found.sort(key=lambda info: (info.resource, info.granted_at, info.token))
         return tuple(found)
+
+    def clients(self) -> Flow[tuple[ClientInfo, ...]]:
+        """Every client of the pool (lua/clients.lua: a page of liveness
+        marks or of the queue per script run), with its waiters and leases,
+        its silence and whether it is stalled (:mod:`.clients`)."""
+        rows: list[tuple[str, str, str, int, str]] = []
+
+        def parse(reply: Any) -> tuple[int, str]:
+            tag, rest = _tagged("clients", reply)
+            if tag != "clients" or len(rest) < 2 or (len(rest) - 2) % 5:
+                raise _unexpected("clients", reply)
+            for i in range(2, len(rest), 5):
+                kind, cid, mark, present, info = (_decode(x) for x in rest[i : i + 5])
+                rows.append((kind, cid, mark, int(present), info))
+            return int(rest[0]), _decode(rest[1])
+
+        now_us, cursor = 0, ""
+        while True:
+            now_us, cursor = yield from self._single(
+                Call("clients", self.keys, (cursor, PAGE), parse)
+            )
+            if not cursor:
+                break
+        return clients_of(rows, now_us // 1000)
 
     def stats(self) -> Flow[PoolStats]:
         def parse(reply: Any) -> PoolStats:
@@ -248,16 +275,31 @@ class Admin(PoolBase):
         yield from self._check_policy()
         return (yield from self._single(Call("quarantine", self.keys, (resource, ms), parse)))
 
-    def revoke(self, lease_id: object) -> Flow[bool]:
-        lid = _text("lease_id", lease_id, MAX_LEASE_ID)
+    def revoke(self, resource: object, token: object, lease_id: object) -> Flow[bool]:
+        """One lease ended now, named either by ``lease_id`` (its holder's
+        own code) or as an operator sees it: by ``resource`` and, where the
+        resource holds several leases, ``token`` (lua/revoke.lua)."""
+        if lease_id is not None:
+            if resource is not None or token is not None:
+                raise TypeError("revoke takes a resource (and token) or a lease_id, not both")
+            args: tuple[str, ...] = ("id", _text("lease_id", lease_id, MAX_LEASE_ID))
+            resource = None
+        elif resource is None:
+            raise TypeError("revoke needs a resource (and token), or a lease_id")
+        else:
+            resource = _text("resource", resource, MAX_RESOURCE)
+            shown = "" if token is None else str(_int("token", token, 1, MAX_TOKEN))
+            args = ("res", resource, shown)
 
         def parse(reply: Any) -> bool:
             tag, rest = _tagged("revoke", reply)
-            if tag not in ("revoked", "unknown") or rest:
-                raise _unexpected("revoke", reply)
-            return tag == "revoked"
+            if tag == "several" and len(rest) > 1 and isinstance(resource, str):
+                raise SeveralLeases(self.name, resource, tuple(sorted(int(t) for t in rest)))
+            if (tag == "revoked" and len(rest) == 1) or (tag == "unknown" and not rest):
+                return tag == "revoked"
+            raise _unexpected("revoke", reply)
 
-        return self._single(Call("revoke", self.keys, (lid,), parse))
+        return self._single(Call("revoke", self.keys, args, parse))
 
     def unquarantine(self, resource: object) -> Flow[bool]:
         resource = _text("resource", resource, MAX_RESOURCE)

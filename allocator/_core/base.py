@@ -85,6 +85,9 @@ class PoolBase:
     #: (CONTRACT.md 11; off by default): the acquires say so to the scripts.
     reclaim_on_disconnect: bool = False
     _policy_checked: bool = attrs.field(default=False, repr=False)
+    #: The client ids that said who they are in this pool (their first
+    #: acquire here: allocator/_core/clients.py).
+    _introduced: set[str] = attrs.field(factory=set, repr=False)
 
     @classmethod
     def create(

@@ -120,9 +120,27 @@ class Holds:
         if not self._held:
             self._idle_since = now
 
+    def ended(self, lid: str) -> None:
+        """The server said that lease ``lid`` ended (revoked, reclaimed, its
+        resource removed or its pool deleted by force: ``e|<lease id>`` on
+        the presence channel, lua/prelude.lua ``P:tell_end``): it is lost
+        from now on, whatever the presence. A lease not held here (already
+        dropped, or past its deadline) is no concern."""
+        if lid in self._held:
+            self._lost.add(lid)
+
+    def heard(self, messages: list[str]) -> None:
+        """What the presence connection read (``Presence.listen``): each
+        end of a lease is taken (:meth:`ended`); anything else is passed
+        over."""
+        for message in messages:
+            if message.startswith("e|"):
+                self.ended(message[2:])
+
     def lost(self, lid: str, now: float) -> bool:
-        """Whether this process must give up lease ``lid``: its presence
-        was suspended for longer than :data:`SAFE` while it was held."""
+        """Whether this process must give up lease ``lid``: the server said
+        it ended (:meth:`ended`), or its presence was suspended for longer
+        than :data:`SAFE` while it was held."""
         if lid in self._lost:
             return True
         held = self._held.get(lid)

@@ -16,6 +16,7 @@ from .._values import Lease
 from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
+from .clients import client_info
 from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
 from .pending import RIDE_OUT, cancel_end, end_key, release_end, renew_budget
 from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
@@ -114,7 +115,11 @@ class Leasing(PoolBase):
         own = (*self.keys, self.signal_key(cid))
         flag = "1" if blocking else "0"
         # Sent only where it is on, so that the common acquire stays as it was.
-        reclaim = ("1",) if self.reclaim_on_disconnect else ()
+        reclaim: tuple[str, ...] = ("1",) if self.reclaim_on_disconnect else ()
+        # The client's first acquire in the pool says who it is (clients()).
+        introduce = cid not in self._introduced
+        if introduce:
+            reclaim = (reclaim or ("0",)) + (client_info(),)
         many: tuple[str | int, ...] = ()
         if count is None:
             enqueue: Call[State] = Call(
@@ -162,6 +167,8 @@ class Leasing(PoolBase):
             # A lost reply is retried with the same lease id: the script finds
             # the first attempt's ticket, so the requester keeps its place.
             state = yield from attempt(enqueue)
+            if introduce:
+                self._introduced.add(cid)
             if state == _BUSY:
                 return None
             while True:
@@ -406,15 +413,18 @@ class Leasing(PoolBase):
         return Call("renew", self.keys, (held.id, held.ticket, ttl_ms), parse)
 
     def _given_up(self, lease: Lease) -> LeaseLost:
-        """What ``renew`` raises for a lease this process gave up: it ends
-        with its holder's presence (``reclaim_on_disconnect``), which went
-        unconfirmed for longer than the grace (allocator/_core/holding.py)."""
+        """What ``renew`` raises for a lease this process knows it lost
+        (``lost()``, allocator/_core/holding.py): the server told it so on
+        its presence connection, or the lease ends with its holder's
+        presence (``reclaim_on_disconnect``), which went unconfirmed for
+        longer than the grace."""
         return LeaseLost(
             self.name,
             lease.resource,
             lease.token,
-            "given up: this process's presence was unconfirmed for longer than the grace, "
-            "so the server may have ended it (reclaim_on_disconnect)",
+            "given up: the server said it ended (revoked or reclaimed), or this process's "
+            "presence was unconfirmed for longer than the grace, so the server may have "
+            "ended it (reclaim_on_disconnect)",
         )
 
     def lost_many(

@@ -13,7 +13,15 @@ from typing import Any
 import attrs
 from redis.exceptions import RedisError
 
-from ._common import CommandError, add_connection, ago, connect, describe, positive_float
+from ._common import (
+    CommandError,
+    add_connection,
+    ago,
+    connect,
+    describe,
+    positive_float,
+    positive_int,
+)
 
 __all__ = ["register"]
 
@@ -65,12 +73,18 @@ def register(commands: Any) -> None:
 
     revoke = commands.add_parser(
         "revoke",
-        help="end one lease now (its holder gets LeaseLost at its next renew); the "
-        "resource keeps its settings and goes to the next waiter",
+        help="end one lease now, named by its resource (and token): its holder is told "
+        "(lost() turns true, LeaseLost at its next renew); the resource keeps its settings "
+        "and goes to the next waiter",
     )
     revoke.add_argument("pool", help="the pool's name")
+    revoke.add_argument("resource", help="the leased resource (as `allocator leases` shows it)")
     revoke.add_argument(
-        "lease_id", help="the lease's id (Lease.id: the holder's to tell, never shown by status)"
+        "--token",
+        type=positive_int,
+        default=None,
+        metavar="T",
+        help="the lease's fencing token, where the resource holds several leases",
     )
     add_connection(revoke)
     revoke.set_defaults(run=_revoke)
@@ -162,12 +176,16 @@ def _quarantine(args: argparse.Namespace) -> int:
 def _revoke(args: argparse.Namespace) -> int:
     conn = connect(args)
     try:
-        ended = conn.existing(args.pool).revoke(args.lease_id)
+        ended = conn.existing(args.pool).revoke(args.resource, args.token)
     finally:
         conn.close()
+    which = f"{args.resource!r}" + ("" if args.token is None else f" with token {args.token}")
     if not ended:
-        raise CommandError(f"pool {args.pool!r} has no live lease with that id")
-    print(f"pool {args.pool!r}: lease revoked; its resource goes to the next waiter")
+        raise CommandError(f"pool {args.pool!r} has no live lease on {which}")
+    print(
+        f"pool {args.pool!r}: lease on {which} revoked; its holder is told, and the "
+        "resource goes to the next waiter"
+    )
     return 0
 
 

@@ -1,6 +1,7 @@
-"""``allocator pools``, ``allocator status`` and ``allocator watch``: what a
-pool holds, who holds it, who waits, and its counters. Every read here
-writes nothing (a read-only ACL user may run them)."""
+"""``allocator pools``, ``status``, ``watch``, ``leases`` and ``clients``:
+what a pool holds, who holds it (which process, connected, gone or
+stalled), who waits, and its counters. Every read here writes nothing (a
+read-only ACL user may run them)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from allocator import LeaseInfo, PoolStats, PoolStatus
+from allocator import ClientInfo, LeaseInfo, PoolStats, PoolStatus
 
 from ._common import (
     CommandError,
@@ -74,6 +75,25 @@ def register(commands: Any) -> None:
     )
     watch.set_defaults(run=_watch)
 
+    leases = commands.add_parser(
+        "leases",
+        help="one pool's live leases: resource, token, owner, client, presence, granted, deadline",
+    )
+    leases.add_argument("pool", help="the pool's name")
+    add_connection(leases)
+    leases.add_argument("--json", action="store_true", help="print JSON for scripts")
+    leases.set_defaults(run=_leases)
+
+    clients = commands.add_parser(
+        "clients",
+        help="one pool's client processes: id, host, pid, version, presence, last seen, "
+        "waiters, leases",
+    )
+    clients.add_argument("pool", help="the pool's name")
+    add_connection(clients)
+    clients.add_argument("--json", action="store_true", help="print JSON for scripts")
+    clients.set_defaults(run=_clients)
+
 
 # -- reading --------------------------------------------------------------------
 
@@ -86,6 +106,14 @@ class Snapshot:
     leases: tuple[LeaseInfo, ...]
     stats: PoolStats
     where: str
+    clients: tuple[ClientInfo, ...] = ()
+
+    def client(self, cid: str) -> ClientInfo | None:
+        return next((c for c in self.clients if c.id == cid), None)
+
+    @property
+    def stalled(self) -> tuple[ClientInfo, ...]:
+        return tuple(c for c in self.clients if c.stalled)
 
 
 def take(conn: Connection, name: str) -> Snapshot:
@@ -101,7 +129,7 @@ def look(conn: Connection, name: str) -> Snapshot | None:
     status = pool.status()
     if not status.exists:
         return None
-    return Snapshot(status, pool.leases(), pool.stats(), conn.shown)
+    return Snapshot(status, pool.leases(), pool.stats(), conn.shown, pool.clients())
 
 
 def _no_pool(conn: Connection, name: str) -> str:
@@ -273,7 +301,7 @@ def render(snap: Snapshot) -> Group:
         leases.add_row(
             info.resource,
             info.owner,
-            _HOLDER[info.holder_present],
+            holder_text(info, snap.client(info.client)),
             str(info.token),
             ago(now - info.granted_at),
             ago(info.expires_at - now),
@@ -296,7 +324,16 @@ def render(snap: Snapshot) -> Group:
         f"wait {waits}",
         style="dim",
     )
-    return Group(head, clock, resources, leases, counters)
+    parts: list[Any] = [head, clock, resources, leases]
+    if snap.stalled:
+        parts.append(
+            Text(
+                "stalled (connected, silent past their heartbeat): "
+                + ", ".join(_client_name(c) for c in snap.stalled),
+                style="bold yellow",
+            )
+        )
+    return Group(*parts, counters)
 
 
 #: The holder column of the leases table: its presence (CONTRACT.md 11).
@@ -305,6 +342,27 @@ _HOLDER = {
     False: Text("GONE", style="bold red"),
     None: Text("-", style="dim"),
 }
+
+
+def holder_text(info: LeaseInfo, client: ClientInfo | None) -> Text:
+    """The presence of a lease's holder: connected, GONE, ``stalled 6 s``
+    (connected, but silent past its heartbeat), or - (nobody can tell)."""
+    if client is not None and client.stalled and client.silent_for is not None:
+        return Text(f"stalled {ago(client.silent_for)}", style="bold yellow")
+    return _HOLDER[info.holder_present]
+
+
+def _client_name(client: ClientInfo) -> str:
+    where = f"{client.host}:{client.pid}" if client.host else client.id
+    silent = "" if client.silent_for is None else f" {ago(client.silent_for)}"
+    return f"{where} ({client.id}){silent}"
+
+
+def _presence_word(present: bool | None, client: ClientInfo | None) -> str:
+    """The presence for JSON: connected, gone, stalled or unknown."""
+    if client is not None and client.stalled:
+        return "stalled"
+    return {True: "connected", False: "gone", None: "unknown"}[present]
 
 
 def headline(st: PoolStatus) -> str:
@@ -369,6 +427,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "waiting": st.waiting,
         "oldest_wait_seconds": st.oldest_wait,
         "absent_holders": st.absent_holders,
+        "stalled": len(snap.stalled),
         "resources": [
             {
                 "name": r.name,
@@ -396,9 +455,11 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "held_seconds": round(now - i.granted_at, 3),
                 "expires_in_seconds": round(i.expires_at - now, 3),
                 "holder_present": i.holder_present,
+                **_holder_json(i, snap.client(i.client)),
             }
             for i in snap.leases
         ],
+        "stalled_clients": [client_json(c, now) for c in snap.stalled],
         "stats": {
             "grants": snap.stats.grants,
             "timeouts": snap.stats.timeouts,
@@ -414,3 +475,123 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _holder_json(info: LeaseInfo, client: ClientInfo | None) -> dict[str, Any]:
+    return {
+        "client": info.client,
+        "presence": _presence_word(info.holder_present, client),
+        "silent_seconds": None if client is None else client.silent_for,
+        "stalled": client is not None and client.stalled,
+    }
+
+
+def client_json(client: ClientInfo, now: float) -> dict[str, Any]:
+    """One client for scripts: its id, where it runs, its presence, silence,
+    waiters and leases."""
+    return {
+        "id": client.id,
+        "host": client.host,
+        "pid": client.pid,
+        "version": client.version,
+        "joined_at": client.joined_at,
+        "joined_at_iso": None if client.joined_at is None else iso(client.joined_at),
+        "present": client.present,
+        "presence": _presence_word(client.present, client),
+        "silent_seconds": client.silent_for,
+        "last_seen_iso": None if client.silent_for is None else iso(now - client.silent_for),
+        "stalled": client.stalled,
+        "waiters": client.waiters,
+        "leases": client.leases,
+    }
+
+
+# -- leases and clients ------------------------------------------------------------
+
+
+def _leases(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        snap = take(conn, args.pool)
+    finally:
+        conn.close()
+    now = snap.status.server_time
+    if args.json:
+        rows = snapshot_json(snap)["leases"]
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(
+        title=f"leases of pool {args.pool!r} on {snap.where}", title_justify="left", expand=False
+    )
+    for column in ("resource", "token", "owner", "client", "presence", "granted", "deadline"):
+        table.add_column(column)
+    for info in snap.leases:
+        client = snap.client(info.client)
+        table.add_row(
+            info.resource,
+            str(info.token),
+            info.owner,
+            info.client
+            if client is None or not client.host
+            else f"{info.client} ({client.host}:{client.pid})",
+            holder_text(info, client),
+            f"{ago(now - info.granted_at)} ago",
+            f"in {ago(info.expires_at - now)}",
+        )
+    if not snap.leases:
+        table.add_row("-", "", "nobody holds a lease", "", "", "", "")
+    console().print(table)
+    return 0
+
+
+def _where(cid: str, client: ClientInfo | None) -> str:
+    if client is None or not client.host:
+        return cid
+    return f"{cid} ({client.host}:{client.pid})"
+
+
+def _clients(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        snap = take(conn, args.pool)
+    finally:
+        conn.close()
+    now = snap.status.server_time
+    if args.json:
+        print(json.dumps([client_json(c, now) for c in snap.clients], indent=2))
+        return 0
+    table = Table(
+        title=f"clients of pool {args.pool!r} on {snap.where}", title_justify="left", expand=False
+    )
+    for column in (
+        "client",
+        "host",
+        "pid",
+        "version",
+        "presence",
+        "last seen",
+        "waiters",
+        "leases",
+    ):
+        table.add_column(
+            column, justify="right" if column in ("pid", "waiters", "leases") else "left"
+        )
+    for c in snap.clients:
+        if c.stalled and c.silent_for is not None:
+            presence = Text(f"stalled {ago(c.silent_for)}", style="bold yellow")
+        else:
+            presence = _HOLDER[c.present]
+        table.add_row(
+            c.id,
+            c.host or "-",
+            "-" if c.pid is None else str(c.pid),
+            c.version or "-",
+            presence,
+            "-" if c.silent_for is None else f"{ago(c.silent_for)} ago",
+            str(c.waiters),
+            str(c.leases),
+        )
+    if not snap.clients:
+        table.add_row("-", "", "", "", "no client waits or holds", "", "", "")
+    console().print(table)
+    return 0

@@ -1,0 +1,73 @@
+-- clients: one page of the client processes of the pool, read only (see
+-- status.lua): those with a liveness mark (they wait, or waited lately),
+-- and those with a ticket in the queue, waiting or leased. The pages walk
+-- ALIVE by rank, then the queue (the stream) by id, so that no run reads
+-- every client of a large pool: the client calls again with the cursor it
+-- was given until that is ''.
+--
+-- For each client the row carries its liveness mark (ALIVE's score: the
+-- time of its last heartbeat plus the mark's length, which the caller knows
+-- from the id, allocator/_core/liveness.py), its presence, and what it said
+-- of itself when it joined the pool (RECS field `i|<cid>`, acquire.lua:
+-- `<joined ms>|<pid>|<version>|<host>`).
+--
+-- ARGV: cursor ('' for the first page; then as given: `a<rank>` in ALIVE,
+--       `q<stream id>` in the queue), count (entries per page)
+-- Reply: {'clients', now_us, next ('' : the last page), kind1, cid1, mark1,
+--         present1, info1, kind2, ...}
+--        kind: 'a' a liveness mark, 'w' a waiting request, 'l' a live
+--        lease; mark: ALIVE's score, '' for none; present as in leases.lua;
+--        info: '' if none was recorded
+-- Errors: ALLOCATOR-ARG (a bad cursor or count)
+local cursor, count = ARGV[1], ARGV[2]
+local bad = P:arg('clients', 'count', count, 'int', 1, 10000)
+local phase, from = string.sub(cursor or '', 1, 1), string.sub(cursor or '', 2)
+if not bad and not (cursor == '' or (phase == 'a' and string.find(from, '^%d+$') and
+    #from < 16) or (phase == 'q' and P.is_id(from))) then
+  bad = P:bad_arg('clients', 'cursor', "must be '', a<rank> or q<stream id>", cursor)
+end
+if bad then
+  return bad
+end
+local n = tonumber(count)
+
+local out = {'clients', P.now_s, ''}
+local function row(kind, cid)
+  out[#out + 1] = kind
+  out[#out + 1] = cid
+  out[#out + 1] = redis.call('ZSCORE', P.ALIVE, cid) or ''
+  out[#out + 1] = P:presence_of(cid)
+  out[#out + 1] = redis.call('HGET', P.RECS, 'i|' .. cid) or ''
+end
+
+if cursor == '' or phase == 'a' then
+  local rank = cursor == '' and 0 or tonumber(from)
+  local cids = redis.call('ZRANGE', P.ALIVE, rank, rank + n - 1)
+  for _, cid in ipairs(cids) do
+    row('a', cid)
+  end
+  out[3] = #cids == n and 'a' .. (rank + n) or 'q0-0'
+  return out
+end
+
+local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
+for _, e in ipairs(entries) do
+  local t = P.ticket_of(e)
+  -- (A place-holder of a multi request has no record while it waits, and
+  -- is a lease's ticket once granted.)
+  if t.l and t.c then
+    local raw = redis.call('HGET', P.RECS, t.l)
+    if raw == 'W|' .. e[1] then
+      row('w', t.c)
+    elseif raw then
+      local L = P:lease_load(t.l)
+      if L and L.ticket == e[1] and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
+        row('l', t.c)
+      end
+    end
+  end
+end
+if #entries == n then
+  out[3] = 'q' .. entries[#entries][1]
+end
+return out
