@@ -24,6 +24,15 @@ for i = 2, #ARGV do
     if force or r.used <= 0 then
       -- Its live leases (if forced) are revoked: counted, then void.
       P:note('revoked', r.used)
+      if P.ev and r.used > 0 then
+        for _, m in ipairs(redis.call('ZRANGEBYLEX', P.HELD, '[' .. name .. '\0',
+            '(' .. name .. '\1')) do
+          local L = P:lease_load(string.sub(m, #name + 2))
+          if L then
+            P:event('revoke', name, L.token, L.cid)
+          end
+        end
+      end
       P:retire(name, r)
     else
       redis.call('ZREM', P.PARK, name)

@@ -33,6 +33,7 @@ if not r or L.deadline <= P.now then
   return {'unknown'}
 end
 P:note('revoked', 1)
+P:event('revoke', L.res, L.token, L.cid)
 P:settle(L.res, r)
 P:dispatch(nil)
 return {'revoked'}

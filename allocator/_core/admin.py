@@ -12,6 +12,7 @@ from .._values import GCReport, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 from ..errors import AllocatorError, UnknownResource
 from .base import PoolBase
 from .checks import (
+    MAX_EVENTS,
     MAX_LEASE_ID,
     MAX_PRIORITY,
     MAX_RESOURCE,
@@ -22,6 +23,7 @@ from .checks import (
     _shown,
     _text,
 )
+from .keys import KEY_SUFFIXES
 from .replies import _decode, _tagged, _unexpected, stats_from_fields
 from .steps import Call, Flow, Sleep
 
@@ -258,6 +260,21 @@ class Admin(PoolBase):
             return tag == "revoked"
 
         return self._single(Call("revoke", self.keys, (lid,), parse))
+
+    def set_events(self, maxlen: object) -> Flow[None]:
+        n = 0 if maxlen is None else _int("maxlen", maxlen, 1, MAX_EVENTS)
+
+        def parse(reply: Any) -> None:
+            tag, rest = _tagged("set_events", reply)
+            if tag != "events" or len(rest) != 1:
+                raise _unexpected("set_events", reply)
+
+        yield from self._check_policy()
+        return (yield from self._single(Call("set_events", self.keys, (n,), parse)))
+
+    @property
+    def events_key(self) -> str:
+        return str(self.keys[KEY_SUFFIXES.index("events")])
 
     def unquarantine(self, resource: object) -> Flow[bool]:
         resource = _text("resource", resource, MAX_RESOURCE)
