@@ -385,6 +385,16 @@ class AsyncFairAllocator:
         awaitable."""
         return await self._drive(self._pool.unquarantine(resource))
 
+    async def set_events(self, maxlen: int | None) -> None:
+        """Same as :meth:`FairAllocator.set_events <allocator.FairAllocator.set_events>`,
+        awaitable."""
+        return await self._drive(self._pool.set_events(maxlen))
+
+    @property
+    def events_key(self) -> str:
+        """Same as :attr:`FairAllocator.events_key <allocator.FairAllocator.events_key>`."""
+        return self._pool.events_key
+
     async def revoke(
         self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
     ) -> bool:

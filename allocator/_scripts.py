@@ -75,6 +75,7 @@ OPERATIONS = (
     "quarantine",
     "unquarantine",
     "revoke",
+    "set_events",
     "delete",
     "clients",
 )

@@ -530,6 +530,26 @@ class FairAllocator:
         not in the pool."""
         return self._drive(self._pool.unquarantine(resource))
 
+    def set_events(self, maxlen: int | None) -> None:
+        """Switch the pool's event log on, keeping about the ``maxlen``
+        latest events (1 to 10,000,000; older ones are trimmed), or off
+        (None). The setting is kept with the pool, for every process that
+        uses it: each grant, release, expiry, reclaim, revocation,
+        quarantine and dropped waiter then adds an entry to the Redis
+        Stream :attr:`events_key` (its resource, token, client id and time;
+        never the lease id). Off by default; switched off, the entries
+        already written stay until the pool is deleted. See the event log in
+        docs/operations.md."""
+        return self._drive(self._pool.set_events(maxlen))
+
+    @property
+    def events_key(self) -> str:
+        """The name of the pool's event log, a Redis Stream (``XRANGE``,
+        ``XREAD``; ``allocator events`` reads it): entries with fields
+        ``kind``, ``resource``, ``token``, ``client`` (and ``owner`` for a
+        grant or a drop), whose id is the server time in ms."""
+        return self._pool.events_key
+
     def revoke(
         self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
     ) -> bool:

@@ -7,7 +7,10 @@
     REGISTRY.register(AllocatorCollector(client=r, prefix="alloc"))  # every pool, re-read
 
 Each scrape reads every pool with ``status()``, ``stats()`` and
-``clients()`` (script runs that write nothing, so a read-only ACL user will do). The counters and
+``clients()`` (script runs that write nothing, so a read-only ACL user will do); with
+``interval=``, a thread of the collector reads them in the background and a
+scrape serves the last reading from memory, so that a scrape never waits on
+Redis (``allocator metrics`` does so). The counters and
 the wait histogram are kept in Redis by the scripts, so every process that
 exports them shows the same figures. ``prometheus_client`` is imported only
 when a scrape happens: the library itself does not depend on it (it comes
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -63,6 +67,10 @@ class _Scrape:
     listed: bool | None
 
 
+class _NoPool(Exception):
+    """A pool given by name that does not exist (yet, or any more)."""
+
+
 class AllocatorCollector:
     """A ``prometheus_client`` collector of pools.
 
@@ -82,6 +90,20 @@ class AllocatorCollector:
     (``allocator_resource_state``, ``allocator_resource_leases``), for pools of
     at most ``per_resource_limit`` resources (None: any size); a larger pool
     gets only its pool-wide series, and a warning says so once.
+
+    A pool given by name that does not exist (yet) is ``allocator_up 0``
+    until it is made, logged once like a pool that cannot be read.
+
+    ``interval`` (seconds; default None) reads the pools in the background:
+    a daemon thread reads them every ``interval`` seconds (each read bounded
+    by the library's own deadlines), and a scrape answers at once from the
+    last reading, whatever the server does, never waiting on Redis nor on
+    another scrape. ``allocator_scrape_age_seconds{pool}`` is then the age
+    of a pool's last good reading, and a pool is ``allocator_up 0`` when its
+    last reading failed or is older than ``stale`` seconds (default three
+    intervals and 2 s: a server that hangs). :meth:`close` stops the thread.
+    Without ``interval``, each scrape reads the pools itself (and waits on
+    them), and the age is 0.
     """
 
     def __init__(
@@ -92,7 +114,18 @@ class AllocatorCollector:
         prefix: str = "alloc",
         per_resource: bool = True,
         per_resource_limit: int | None = DEFAULT_PER_RESOURCE_LIMIT,
+        interval: float | None = None,
+        stale: float | None = None,
     ) -> None:
+        for arg, value in (("interval", interval), ("stale", stale)):
+            if value is not None and (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not 0 < value < math.inf
+            ):
+                raise ValueError(f"{arg} must be a number of seconds > 0 or None, not {value!r}")
+        if stale is not None and interval is None:
+            raise ValueError("stale needs interval (a background reading)")
         if not isinstance(per_resource, bool):
             raise TypeError(f"per_resource must be a bool, not {type(per_resource).__name__}")
         if per_resource_limit is not None and (
@@ -116,6 +149,44 @@ class AllocatorCollector:
         self._listed_names: list[str] = []
         self._unreadable: set[str] = set()  # "" stands for the listing
         self._over_limit: set[str] = set()
+        # The background reading: the last one, and when (time.monotonic())
+        # each pool ("" the listing) was last read.
+        self._interval = interval
+        self._stale = (
+            None if interval is None else (stale if stale is not None else 3 * interval + 2.0)
+        )
+        self._latest: _Scrape | None = None
+        self._read_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._first = threading.Event()
+        self._thread: threading.Thread | None = None
+        if interval is not None:
+            self._thread = threading.Thread(
+                target=self._read_forever, name="allocator-metrics-reader", daemon=True
+            )
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the background reading (a no-op without ``interval``)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def wait_first_reading(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the first background reading
+        to end (well or not); True if it did. Without ``interval``: True."""
+        return self._thread is None or self._first.wait(timeout)
+
+    def _read_forever(self) -> None:
+        assert self._interval is not None
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self._scrape()
+            except Exception:  # a bug: keep reading, and say it once a reading
+                _log.exception("allocator metrics: the background reading failed")
+            self._first.set()
+            self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))
 
     def pools(self) -> list[FairAllocator]:
         if self._client is None:
@@ -139,6 +210,7 @@ class AllocatorCollector:
     # -- one scrape ---------------------------------------------------------------
 
     def _scrape(self) -> _Scrape:
+        started = time.monotonic()
         failed: dict[str, BaseException] = {}
         listed: bool | None = None
         if self._client is None:
@@ -162,9 +234,11 @@ class AllocatorCollector:
                 readings.append(_Reading(pool.name))
                 continue
             try:
-                status, stats = pool.status(), pool.stats()
+                status = pool.status()
+                if not status.exists:
+                    raise _NoPool(f"no pool named {pool.name!r}, yet")
                 stalled = sum(1 for c in pool.clients() if c.stalled)
-                readings.append(_Reading(pool.name, status, stats, stalled))
+                readings.append(_Reading(pool.name, status, pool.stats(), stalled))
             except Exception as exc:
                 failed[pool.name] = exc
                 readings.append(_Reading(pool.name))
@@ -173,12 +247,40 @@ class AllocatorCollector:
         with self._lock:
             if listed is True:
                 self._listed_names = [p.name for p in pools]
+                self._read_at[""] = started
             elif listed is False:
                 # Nothing could be read: the pools seen last are down.
                 readings = [_Reading(name) for name in self._listed_names]
                 failed.update(dict.fromkeys(self._listed_names, failed[""]))
             self._report(failed, seen={r.name for r in readings} | {""})
-        return _Scrape(readings, listed)
+            for r in readings:
+                if r.status is not None:
+                    self._read_at[r.name] = started
+            kept = {r.name for r in readings} | {""}
+            self._read_at = {n: at for n, at in self._read_at.items() if n in kept}
+            scrape = _Scrape(readings, listed)
+            self._latest = scrape
+        return scrape
+
+    def _served(self) -> tuple[_Scrape, dict[str, float]]:
+        """What a scrape shows, and the age of each pool's last good reading
+        ("" the listing): read now, or, in the background, the last reading,
+        where a pool read too long ago counts as unread."""
+        if self._interval is None:
+            scrape = self._scrape()
+            return scrape, {r.name: 0.0 for r in scrape.readings if r.status is not None}
+        now = time.monotonic()
+        with self._lock:
+            latest, read_at = self._latest, dict(self._read_at)
+        if latest is None:  # nothing read yet: what is known is unread
+            names = [p.name for p in self._pools] if self._client is None else []
+            latest = _Scrape([_Reading(n) for n in names], None if self._client is None else False)
+        assert self._stale is not None
+        age = {name: max(0.0, now - at) for name, at in read_at.items()}
+        fresh = {name for name, a in age.items() if a <= self._stale}
+        readings = [r if r.name in fresh else _Reading(r.name) for r in latest.readings]
+        listed = latest.listed if latest.listed is None else latest.listed and "" in fresh
+        return _Scrape(readings, listed), age
 
     def _report(self, failed: dict[str, BaseException], seen: set[str]) -> None:
         """Log what started failing, and what can be read again, once each."""
@@ -186,7 +288,7 @@ class AllocatorCollector:
         back = sorted(name for name in self._unreadable if name in seen and name not in failed)
         if new:
             exc = failed[new[0]]
-            known = isinstance(exc, redis.RedisError)
+            known = isinstance(exc, (redis.RedisError, _NoPool))
             _log.warning(
                 "allocator metrics: cannot read %s (%s); reported as allocator_up 0 until "
                 "it can be read again",
@@ -300,12 +402,22 @@ class AllocatorCollector:
             "Time from entering the queue to the grant.",
             labels=["pool"],
         )
-        scrape = self._scrape()
+        age = GaugeMetricFamily(
+            "allocator_scrape_age_seconds",
+            "Seconds since the pool was last read (the exporter reads in the background "
+            "and serves its last reading): 0 where each scrape reads; absent if never read.",
+            labels=["pool"],
+        )
+        scrape, ages = self._served()
         if scrape.listed is not None:
             up.add_metric([""], 1 if scrape.listed else 0)
+            if "" in ages:
+                age.add_metric([""], round(ages[""], 3))
         for reading in scrape.readings:
             status, stats, name = reading.status, reading.stats, reading.name
             up.add_metric([name], 0 if status is None or stats is None else 1)
+            if name in ages:
+                age.add_metric([name], round(ages[name], 3))
             if status is None or stats is None:
                 continue
             by_state = dict.fromkeys(STATES, 0)
@@ -336,6 +448,7 @@ class AllocatorCollector:
             wait.add_metric([name], buckets, stats.wait_seconds_sum)
         yield from (
             up,
+            age,
             resources,
             resource_state,
             resource_leases,

@@ -1,7 +1,7 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[17] the caller's signal key.
+-- KEYS: the pool's keys (lua/README.md), then KEYS[18] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
 --       bind_ttl_ms (read only with a bind), owner (who holds the lease, for
 --       people: kept in the ticket's field `o`), reclaim ('1': the lease
@@ -105,7 +105,7 @@ if not ticket then
   local best = redis.call('ZRANGE', P.FREE, '0', '0')[1]
   if not ahead and best then
     -- Nobody waits: the caller is the head. The uncontended case ends here.
-    local t = {id = ticket, l = lid, c = cid, t = ttl, B = bind_ttl, e = reclaim and '1'}
+    local t = {id = ticket, l = lid, c = cid, t = ttl, o = owner, B = bind_ttl, e = reclaim and '1'}
     if bind ~= '' then
       t.b = bind
     end

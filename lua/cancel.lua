@@ -2,7 +2,7 @@
 -- It leaves the queue; a grant that raced in is ended and passed on to the
 -- next waiter in this same run, so that nothing leaks.
 --
--- KEYS: the pool's keys, then KEYS[17] the caller's signal key (its client's).
+-- KEYS: the pool's keys, then KEYS[18] the caller's signal key (its client's).
 -- ARGV: lid, count (a waiter of acquire_many: how many resources it asked
 --       for; its leases are `<lid>.<i>` besides lid, its place-holder
 --       entries follow its ticket)
@@ -31,6 +31,7 @@ for i = 2, n do
   local Li = P:lease_load(id)
   if Li then
     P:end_and_settle(id, Li)
+    P:event('release', Li.res, Li.token, Li.cid)
     out = 'released'
   end
 end
@@ -38,6 +39,7 @@ L, raw = P:lease_load(lid)
 if L then
   -- end_lease also takes the grant message off the list if it is unread.
   P:end_and_settle(lid, L)
+  P:event('release', L.res, L.token, L.cid)
   out = 'released'
 elseif raw then
   local ticket = string.sub(raw, 3)

@@ -58,7 +58,7 @@ local repaired = 0
 -- 0. Keys of another type make every script fail (WRONGTYPE); only the
 -- pool's operator can tell what to do with them.
 local types = {'hash', 'hash', 'hash', 'zset', 'zset', 'stream', 'hash', 'zset', 'hash', 'zset',
-  'zset', 'zset', 'zset', 'zset', 'hash'}
+  'zset', 'zset', 'zset', 'zset', 'hash', 'stream'}
 for i, want in ipairs(types) do
   local got = redis.call('TYPE', KEYS[i])
   got = type(got) == 'table' and got.ok or got

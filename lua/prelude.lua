@@ -29,10 +29,11 @@ do
     META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
     Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
     ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
-    SIG = KEYS[16],
+    -- (KEYS[16], the event log, is named where it is written: P:event.)
+    SIG = KEYS[17],
     -- The caller's own signal list, where a script declares it (acquire,
     -- poll, cancel).
-    OWN = KEYS[17],
+    OWN = KEYS[18],
     records = {},
     now_us = us, now = math.floor(us / 1000), now_s = t[1] .. string.sub('00000' .. t[2], -6),
   }
@@ -89,6 +90,8 @@ P.reclaimed, P.dropped, P.more = 0, 0, false
 -- ({tag, key, msg}); the caller's own hint (P:hint); the time as hex
 -- (P:now_stamp).
 P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+-- The length of the pool's event log (META `ev`), false while it is off.
+P.ev = false
 -- A released resource kept aside for the queue head (P:settle).
 P.spare = false
 -- Set by a reader's heartbeat: dispatch looks at the head even when
@@ -772,6 +775,7 @@ function P:reclaim(limit)
       self:end_and_settle(lid, L)
       self:tell_end(lid, L.cid)
       self.reclaimed = self.reclaimed + 1
+      self:event(L.deadline <= self.now and 'expire' or 'reclaim', L.res, L.token, L.cid)
     end
   end
   self:note('reclaimed', self.reclaimed - before)
@@ -848,6 +852,7 @@ end
 function P:take_one(lid, L)
   self:end_and_settle(lid, L)
   self.reclaimed = self.reclaimed + 1
+  self:event('reclaim', L.res, L.token, L.cid)
   -- Only while its liveness mark is still there: gc deletes the list
   -- together with the mark, and must not find it made again after.
   if redis.call('ZSCORE', self.ALIVE, L.cid) then
@@ -914,15 +919,42 @@ end
 function P:meta()
   if not self.ld then
     -- (The hint first: the reply is kept as `hinted`, {tag, key, msg}.)
-    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh')
+    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh', 'ev')
     self.ld = m[4] or '0-0'
     local nd, nh = tonumber(m[5] or 0), tonumber(m[6] or 0)
     self.nd = nd and nd <= 1e15 and nd or 0
     self.nh = nh and nh <= 1e15 and nh or 0
+    if m[7] then
+      -- (Set only when on: a field of P costs every run that sets it.)
+      self.ev = string.find(m[7], '^[1-9]%d?%d?%d?%d?%d?%d?%d?$') and m[7] or false
+    end
     if m[1] and not (m[2] and m[3] and string.sub(m[2], 1, #self.SIG) == self.SIG) then
       m[1] = false
     end
     self.hinted = m
+  end
+end
+
+-- The pool's event log (KEYS[16], a stream), where its operator switched it
+-- on (META `ev`: about how many entries it keeps, set_events.lua): one
+-- entry per grant, release, expiry, reclaim, revocation, quarantine and
+-- dropped waiter, with fields `kind`, `resource`, `token`, `client` (and
+-- `owner` where the run has it at hand: a grant, a drop). The entry's id is
+-- the server time. Never the lease id: it gives power over the lease, and
+-- the log is read by whoever may read the pool. Off, it costs a test.
+function P:event(kind, res, token, cid, owner)
+  self:meta()
+  if self.ev then
+    -- KEYS[16], made from KEYS[15] (`<p>:stats`): a field of P for it would
+    -- cost every run of every script, the log being off or not.
+    local key = string.sub(self.STATS, 1, -6) .. 'events'
+    if owner then
+      redis.call('XADD', key, 'MAXLEN', '~', self.ev, '*', 'kind', kind,
+        'resource', res, 'token', token, 'client', cid, 'owner', owner)
+    else
+      redis.call('XADD', key, 'MAXLEN', '~', self.ev, '*', 'kind', kind,
+        'resource', res, 'token', token, 'client', cid)
+    end
   end
 end
 
@@ -1115,6 +1147,7 @@ function P:drop(t)
   end
   self.dropped = self.dropped + 1
   self:note('dropped', 1)
+  self:event('drop', '', '', t.c or '', t.o)
   return true
 end
 
@@ -1360,6 +1393,7 @@ function P:grant(t, best, self_lid)
   end
   self:lease_save(t.l, L, dl)
   self:schedule(self.EXP, deadline, t.l, dl)
+  self:event('grant', name, token, t.c, t.o)
   if t.e == '1' then
     self:schedule(self.PICK, self.now + self.CHECK_MS, 'c|' .. t.l, nil, true)
   end

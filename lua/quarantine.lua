@@ -32,5 +32,6 @@ P:place(name, r, false)
 P:res_save(name, r)
 -- A quarantine started by an operator (`qo`; by a release: release.lua).
 P:add(P.STATS, 'qo', '1')
+P:event('quarantine', name, '', '')
 P:dispatch(nil)
 return {'quarantined', untl}

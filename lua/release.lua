@@ -54,6 +54,10 @@ if quarantine ~= '' and r.state ~= 'd' then
   -- A quarantine started by a release (`qr`; an operator's: quarantine.lua).
   P:add(P.STATS, 'qr', '1')
 end
+P:event('release', L.res, L.token, L.cid)
+if quarantine ~= '' and r.state == 'q' then
+  P:event('quarantine', L.res, L.token, L.cid)
+end
 -- With tickets waiting, the resource is kept aside for the queue head, which
 -- takes it if it can (P:settle); else it is settled, and there is nobody to
 -- serve.

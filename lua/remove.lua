@@ -33,6 +33,7 @@ for i = 2, #ARGV do
           local L = P:lease_load(lid)
           if L then
             P:tell_end(lid, L.cid)
+            P:event('revoke', name, L.token, L.cid)
           end
         end
       end

@@ -28,6 +28,9 @@ if not L or L.ticket ~= ticket then
 end
 if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
   P:end_and_settle(lid, L)
+  if L.deadline <= P.now then
+    P:event('expire', L.res, L.token, L.cid)
+  end
   P:dispatch(nil)
   return {'lost'}
 end

@@ -81,6 +81,7 @@ if not r or L.deadline <= P.now then
   return {'unknown'}
 end
 P:note('revoked', 1)
+P:event('revoke', L.res, L.token, L.cid)
 P:settle(L.res, r)
 P:tell_end(lid, L.cid)
 P:dispatch(nil)

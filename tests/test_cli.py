@@ -100,10 +100,58 @@ def test_extend_status_pools_and_json(
     code, out, _ = run(capsys, "pools", "--json")
     assert code == 0
     assert json.loads(out) == [
-        {"pool": "web", "size": 2, "free": 2, "leased": 1, "waiting": 0, "oldest_wait_seconds": 0}
+        {
+            "pool": "web",
+            "size": 2,
+            "free": 2,
+            "slots": 4,
+            "free_slots": 3,
+            "leased": 1,
+            "waiting": 0,
+            "oldest_wait_seconds": 0,
+        }
     ]
     code, out, _ = run(capsys, "pools")
     assert "web" in out and "oldest wait" in out
+    # One unit a column: resources, slots, leases.
+    header = next(line for line in out.splitlines() if "pool" in line and "waiting" in line)
+    assert [c.strip() for c in header.strip("┃│ ").split("┃")] == [
+        "pool", "resources", "slots", "free slots", "leases", "waiting", "oldest wait"
+    ]  # fmt: skip
+
+
+def test_status_filters(env: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "f", prefix=prefix)
+    pool.extend(["a", "b", "c"])
+    first = pool.acquire(timeout=5, owner="job-1")
+    second = pool.acquire(timeout=5, owner="job-2")
+    idle = ({"a", "b", "c"} - {first.resource, second.resource}).pop()
+    pool.quarantine(idle, 60)
+
+    def shown(*argv: str) -> tuple[list[str], list[str]]:
+        code, out, _ = run(capsys, "status", "f", "--json", *argv)
+        assert code == 0
+        data = json.loads(out)
+        assert data["size"] == 3  # the pool-wide figures stay whole
+        return [r["name"] for r in data["resources"]], [i["owner"] for i in data["leases"]]
+
+    assert shown("--resource", first.resource) == ([first.resource], ["job-1"])
+    assert shown("--state", "quarantined") == ([idle], [])
+    assert shown("--state", "leased") == (
+        sorted([first.resource, second.resource]),
+        ["job-1", "job-2"],
+    )
+    assert shown("--owner", "job-2") == ([second.resource], ["job-2"])
+    assert shown("--owner", "nobody") == ([], [])
+    assert shown("--resource", idle, "--resource", second.resource, "--state", "leased") == (
+        [second.resource],
+        ["job-2"],
+    )
+    code, out, _ = run(capsys, "status", "f", "--owner", "job-1")
+    assert code == 0 and "job-1" in out and "job-2" not in out
+    code, _, err = run(capsys, "status", "f", "--state", "broken")
+    assert code == 2 and "invalid choice" in err
 
 
 def test_unknown_pool_is_one_line_exit_1_and_creates_nothing(
@@ -116,7 +164,6 @@ def test_unknown_pool_is_one_line_exit_1_and_creates_nothing(
         ("quarantine", "nope", "r", "--for", "5"),
         ("delete", "nope", "--yes"),
         ("gc", "nope"),
-        ("metrics", "nope", "--port", "0"),
     ):
         code, _, err = run(capsys, *argv)
         assert code == 1, argv
@@ -316,10 +363,16 @@ def served(proc: Any, url: str, prefix: str, port: int) -> None:
     assert values[("allocator_grants_total", p)] == 3
     assert values[("allocator_resources", (("pool", "served"), ("state", "quarantined")))] == 1
     assert values[("allocator_waiting", p)] == 1
-    # --all reads the pools again at each scrape: a new one shows up.
+    # --all lists the pools again at each reading (in the background): a
+    # new one shows up.
     FairAllocator(redis.Redis.from_url(url), "later", prefix=prefix).extend(["x"])
-    values = scrape(get(f"http://127.0.0.1:{port}/metrics"))
-    assert ("allocator_leases", (("pool", "later"),)) in values
+    wait_until(
+        lambda: (
+            ("allocator_leases", (("pool", "later"),))
+            in scrape(get(f"http://127.0.0.1:{port}/metrics"))
+        ),
+        timeout=20,
+    )
 
 
 def get(address: str) -> str:

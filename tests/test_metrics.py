@@ -5,19 +5,23 @@ and one log line per outage. Every exposition is parsed with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from helpers import wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -155,7 +159,8 @@ def test_up_per_pool_and_one_warning_per_outage(
         pytest.skip("no redis-server on PATH")
     healthy = FairAllocator(client, "healthy", prefix=prefix)
     healthy.extend(["r"])
-    with RedisServer() as server:
+    # (Kept on disk: a pool the restart lost would be allocator_up 0, no pool.)
+    with RedisServer(appendonly=True) as server:
         other = redis.Redis.from_url(server.url)
         flaky = FairAllocator(other, "flaky", prefix=prefix)
         flaky.extend(["r"])
@@ -240,6 +245,9 @@ def test_metrics_command_with_the_server_down_says_so_once_then_stops_on_sigterm
                 assert series(values, "allocator_up") == {(("pool", ""),): 1, (("pool", "web"),): 1}
                 assert not series(values, "allocator_resource_state")  # --no-per-resource
                 server.stop()
+                # Read in the background: the next reading finds it down.
+                down = {(("pool", ""),): 0, (("pool", "web"),): 0}
+                wait_until(up_is(f"http://127.0.0.1:{port}/metrics", down), timeout=20)
                 for _ in range(2):
                     values = scrape_text(get(f"http://127.0.0.1:{port}/metrics"))
                     assert series(values, "allocator_up") == {
@@ -331,6 +339,144 @@ def test_metrics_command_per_resource_limit(redis_url: str, prefix: str) -> None
         "its allocator_resource_* series are left out (per_resource_limit=, allocator metrics "
         "--per-resource-limit)"
     ]
+
+
+# -- scrapes that never wait on Redis ------------------------------------------------
+
+
+def scrapes_at_once(address: str, n: int = 4) -> list[tuple[float, dict[Labels, float]]]:
+    """``n`` scrapes at the same time: how long each took, and its allocator_up."""
+    got: list[tuple[float, dict[Labels, float]]] = []
+
+    def one() -> None:
+        started = time.monotonic()
+        values = scrape_text(get(address))
+        got.append((time.monotonic() - started, series(values, "allocator_up")))
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(got) == n
+    return got
+
+
+@contextlib.contextmanager
+def exporter(url: str, prefix: str, *argv: str) -> Iterator[tuple[str, Callable[[], str]]]:
+    """``allocator metrics ARGV --interval 0.2`` on a free port: its address,
+    and what it wrote on stderr so far (read once it is stopped)."""
+    port = free_port()
+    with subprocess.Popen(
+        [*allocator_command(), "metrics", *argv, "--port", str(port), "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REDIS_URL": url, "ALLOCATOR_PREFIX": prefix},
+    ) as proc:
+        err: list[str] = []
+        try:
+            assert proc.stderr is not None
+            while True:
+                line = proc.stderr.readline()
+                assert line, "the exporter ended before it served"
+                err.append(line)
+                if "serving http://" in line:
+                    break
+            yield f"http://127.0.0.1:{port}/metrics", lambda: "".join(err)
+            proc.send_signal(signal.SIGTERM)
+            err.append(proc.communicate(timeout=30)[1])
+            assert proc.returncode == 0, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def up_is(address: str, want: dict[Labels, float]) -> Callable[[], bool]:
+    return lambda: series(scrape_text(get(address)), "allocator_up") == want
+
+
+@pytest.mark.parametrize("outage", ["stopped", "hung"])
+def test_concurrent_scrapes_answer_at_once_when_the_server_is_down_or_hung(
+    prefix: str, outage: str
+) -> None:
+    """Before, a scrape with the server down took 2 s, and scrapes were
+    served one at a time (four at once: 2, 4, 6, 8 s): Prometheus timed the
+    target out and never stored ``allocator_up 0``. Now the pools are read
+    in the background and a scrape answers from memory."""
+    if find_redis_server() is None:
+        pytest.skip("no redis-server on PATH")
+    with RedisServer() as server:
+        FairAllocator(redis.Redis.from_url(server.url), "web", prefix=prefix).extend(["p1"])
+        with exporter(server.url, prefix, "web") as (address, _):
+            for _took, up in scrapes_at_once(address):
+                assert up == {(("pool", "web"),): 1}
+            values = scrape_text(get(address))
+            assert 0 <= series(values, "allocator_scrape_age_seconds")[(("pool", "web"),)] < 5
+            pid = int(redis.Redis.from_url(server.url).info("server")["process_id"])
+            if outage == "stopped":
+                server.stop()
+            else:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_until(up_is(address, {(("pool", "web"),): 0}), timeout=20)
+                for _ in range(2):
+                    got = scrapes_at_once(address)
+                    assert all(up == {(("pool", "web"),): 0} for _, up in got), got
+                    # Generous: a scrape answers in milliseconds; it took 2 to 8 s.
+                    assert max(took for took, _ in got) < 1.0, got
+                values = scrape_text(get(address))
+                assert series(values, "allocator_scrape_age_seconds")[(("pool", "web"),)] > 0.2
+                assert not series(values, "allocator_leases")  # no figures of a pool not read
+            finally:
+                if outage == "hung":
+                    os.kill(pid, signal.SIGCONT)
+
+
+def test_exporter_started_with_the_server_down_waits_for_it_and_for_the_pool(
+    prefix: str,
+) -> None:
+    """The exporter starts, and serves ``allocator_up 0``, while Redis is
+    down; then 0 while the pool does not exist; then 1."""
+    if find_redis_server() is None:
+        pytest.skip("no redis-server on PATH")
+    server = RedisServer()  # not started yet
+    try:
+        with exporter(server.url, prefix, "web", "later") as (address, err):
+            for took, up in scrapes_at_once(address):
+                assert up == {(("pool", "web"),): 0, (("pool", "later"),): 0}
+                assert took < 1.0
+            server.start()
+            client = redis.Redis.from_url(server.url)
+            FairAllocator(client, "web", prefix=prefix).extend(["p1"])
+            wait_until(up_is(address, {(("pool", "web"),): 1, (("pool", "later"),): 0}), timeout=20)
+            FairAllocator(client, "later", prefix=prefix).extend(["p1"])
+            wait_until(up_is(address, {(("pool", "web"),): 1, (("pool", "later"),): 1}), timeout=20)
+            client.close()
+        text = err()
+        assert "Traceback" not in text
+        assert "cannot reach Redis" in text.splitlines()[0]
+        assert "no pool named 'later', yet" in text
+    finally:
+        server.close()
+
+
+def test_a_collector_reading_in_the_background(client: redis.Redis, prefix: str) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        AllocatorCollector(client=client, prefix=prefix, interval=0)
+    with pytest.raises(ValueError, match="stale"):
+        AllocatorCollector(client=client, prefix=prefix, stale=1)
+    pool = FairAllocator(client, "bg", prefix=prefix)
+    pool.extend(["a"])
+    collector = AllocatorCollector([pool], interval=0.05)
+    try:
+        assert collector.wait_first_reading(10)
+        lease = pool.acquire(timeout=5)
+        wait_until(lambda: series(scrape(collector), "allocator_leases") == {(("pool", "bg"),): 1})
+        pool.release(lease)
+    finally:
+        collector.close()
 
 
 def allocator_command() -> list[str]:

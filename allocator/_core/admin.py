@@ -12,6 +12,7 @@ from .._values import ClientInfo, GCReport, LeaseInfo, PoolStats, PoolStatus, Re
 from ..errors import AllocatorError, SeveralLeases, UnknownResource
 from .base import PoolBase
 from .checks import (
+    MAX_EVENTS,
     MAX_LEASE_ID,
     MAX_PRIORITY,
     MAX_RESOURCE,
@@ -24,6 +25,7 @@ from .checks import (
     _text,
 )
 from .clients import clients_of
+from .keys import KEY_SUFFIXES
 from .replies import _decode, _tagged, _unexpected, stats_from_fields
 from .steps import Call, Flow, Sleep
 
@@ -300,6 +302,21 @@ class Admin(PoolBase):
             raise _unexpected("revoke", reply)
 
         return self._single(Call("revoke", self.keys, args, parse))
+
+    def set_events(self, maxlen: object) -> Flow[None]:
+        n = 0 if maxlen is None else _int("maxlen", maxlen, 1, MAX_EVENTS)
+
+        def parse(reply: Any) -> None:
+            tag, rest = _tagged("set_events", reply)
+            if tag != "events" or len(rest) != 1:
+                raise _unexpected("set_events", reply)
+
+        yield from self._check_policy()
+        return (yield from self._single(Call("set_events", self.keys, (n,), parse)))
+
+    @property
+    def events_key(self) -> str:
+        return str(self.keys[KEY_SUFFIXES.index("events")])
 
     def unquarantine(self, resource: object) -> Flow[bool]:
         resource = _text("resource", resource, MAX_RESOURCE)

@@ -39,6 +39,10 @@ MAX_COUNT = 1000
 MAX_REPLICAS = 1000
 
 
+#: The longest event log a pool may keep (set_events).
+MAX_EVENTS = 10_000_000
+
+
 MAX_TOKEN = 2**63 - 1
 
 

@@ -2,7 +2,7 @@
 
 One module per command group: :mod:`.views` (``pools``, ``status``,
 ``watch``), :mod:`.admin` (``extend``, ``remove``, ``quarantine``,
-``delete``, ``gc``), :mod:`.serve` (``metrics``), :mod:`.demo` and the
+``delete``, ``gc``), :mod:`.events` (``events``), :mod:`.serve` (``metrics``), :mod:`.demo` and the
 benchmark package :mod:`.bench`. :mod:`._common` holds what they share: the
 connection (a Redis Cluster is detected), the options, the error lines.
 
@@ -23,13 +23,14 @@ import sys
 __all__ = ["EXIT_CODES", "main"]
 
 #: The command groups, by module, in the order of ``allocator --help``.
-GROUPS = ("views", "admin", "serve", "demo", "bench")
+GROUPS = ("views", "admin", "events", "serve", "demo", "bench")
 
 #: The exit status of every command (``allocator --help`` shows it).
 EXIT_CODES = """\
 exit status, every command:
   0    done; demo: every check held; bench: every target met.
-       SIGTERM ends metrics, watch and gc --every with 0 (gc --every: Ctrl-C too)
+       SIGTERM ends metrics, watch, events --follow and gc --every with 0
+       (gc --every: Ctrl-C too)
   1    a server or pool error: Redis down or refusing the login or a command,
        a bad --url, no such pool or resource, a pool in use;
        demo: a check failed; bench: a target missed or a scenario failed

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from allocator import ClientInfo, LeaseInfo, PoolStats, PoolStatus
+from allocator import ClientInfo, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
 
 from ._common import (
     CommandError,
@@ -50,6 +50,27 @@ def register(commands: Any) -> None:
     status.add_argument("pool", help="the pool's name")
     add_connection(status)
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.add_argument(
+        "--resource",
+        action="append",
+        default=None,
+        metavar="R",
+        help="only resource R and its leases (may be given again)",
+    )
+    status.add_argument(
+        "--state",
+        action="append",
+        choices=("free", "leased", "quarantined", "draining"),
+        default=None,
+        help="only resources in this state, and their leases (may be given again)",
+    )
+    status.add_argument(
+        "--owner",
+        action="append",
+        default=None,
+        metavar="O",
+        help="only the leases of owner O, and their resources (may be given again)",
+    )
     status.set_defaults(run=_status)
 
     watch = commands.add_parser(
@@ -114,6 +135,8 @@ class Snapshot:
     @property
     def stalled(self) -> tuple[ClientInfo, ...]:
         return tuple(c for c in self.clients if c.stalled)
+    #: The resources shown (status --resource/--state/--owner); None: all.
+    shown: tuple[ResourceStatus, ...] | None = None
 
 
 def take(conn: Connection, name: str) -> Snapshot:
@@ -150,6 +173,10 @@ def _pools(args: argparse.Namespace) -> int:
                     "pool": name,
                     "size": st.size,
                     "free": st.free,
+                    "slots": sum(r.capacity for r in st.resources),
+                    "free_slots": sum(
+                        r.capacity - r.leases for r in st.resources if r.state == "free"
+                    ),
                     "leased": st.leased,
                     "waiting": st.waiting,
                     "oldest_wait_seconds": st.oldest_wait,
@@ -165,13 +192,17 @@ def _pools(args: argparse.Namespace) -> int:
         out.print(f"no pools under prefix {conn.prefix!r} on {conn.shown}")
         return 0
     table = Table(title=f"pools on {conn.shown} (prefix {conn.prefix!r})", title_justify="left")
-    for column in ("pool", "size", "free", "leased", "waiting", "oldest wait"):
+    # Each column counts one thing: resources, or slots (a resource of
+    # capacity n has n), or leases.
+    columns = ("pool", "resources", "slots", "free slots", "leases", "waiting", "oldest wait")
+    for column in columns:
         table.add_column(column, justify="left" if column == "pool" else "right")
     for row in rows:
         table.add_row(
             row["pool"],
             str(row["size"]),
-            str(row["free"]),
+            str(row["slots"]),
+            str(row["free_slots"]),
             str(row["leased"]),
             str(row["waiting"]),
             ago(row["oldest_wait_seconds"]) if row["waiting"] else "-",
@@ -189,11 +220,35 @@ def _status(args: argparse.Namespace) -> int:
         snap = take(conn, args.pool)
     finally:
         conn.close()
+    snap = _only(snap, args.resource, args.state, args.owner)
     if args.json:
         print(json.dumps(snapshot_json(snap), indent=2))
     else:
         console().print(render(snap))
     return 0
+
+
+def _only(
+    snap: Snapshot, names: list[str] | None, states: list[str] | None, owners: list[str] | None
+) -> Snapshot:
+    """The snapshot with only the resources and leases the filters keep
+    (``status --resource/--state/--owner``); the pool-wide figures (the
+    headline, the counters) stay whole."""
+    if not (names or states or owners):
+        return snap
+    rows = [
+        r
+        for r in snap.status.resources
+        if (not names or r.name in names) and (not states or r.state in states)
+    ]
+    kept = {r.name for r in rows}
+    leases = tuple(
+        i for i in snap.leases if i.resource in kept and (not owners or i.owner in owners)
+    )
+    if owners:
+        held = {i.resource for i in leases}
+        rows = [r for r in rows if r.name in held]
+    return attrs.evolve(snap, shown=tuple(rows), leases=leases)
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -279,7 +334,7 @@ def render(snap: Snapshot) -> Group:
         resources.add_column(
             column, justify="right" if column in ("leases", "capacity") else "left"
         )
-    for row in st.resources:
+    for row in st.resources if snap.shown is None else snap.shown:
         rate = f"{row.rate[0]} / {_num(row.rate[1])} s" if row.rate else "-"
         until = "-"
         if row.until is not None:
@@ -441,7 +496,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "throttled": r.throttled,
                 "absent_holders": r.absent_holders,
             }
-            for r in st.resources
+            for r in (st.resources if snap.shown is None else snap.shown)
         ],
         "leases": [
             {

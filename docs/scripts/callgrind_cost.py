@@ -3,7 +3,8 @@ path: redis-server runs under callgrind (instruction counts do not depend on
 what else the machine does), the counters are zeroed before each phase and
 dumped after it.
 
-Columns: a PING; an uncontended ``acquire`` + ``release``; a ``renew``; and a
+Columns: a PING; an uncontended ``acquire`` + ``release``, and the same
+with the pool's event log on (``set_events``); a ``renew``; and a
 handoff: one grant passed from one client to another, driven step by step
 in this thread (the waiter's ``acquire`` that queues, the holder's
 ``release`` that grants and pushes, the waiter's pop of its grant and its
@@ -104,7 +105,8 @@ def main() -> None:
             return float("nan")
 
         print(
-            f"{'path':<10} {'PING':>8} {'acquire+release':>16} {'renew':>8} {'handoff':>8}"
+            f"{'path':<10} {'PING':>8} {'acquire+release':>16} {'with the log':>13} "
+            f"{'renew':>8} {'handoff':>8}"
             "   (instructions)"
         )
         for path in ("scripts", "functions"):
@@ -124,10 +126,16 @@ def main() -> None:
 
             ping = measure(own.ping)
             cycle = measure(cycle_once)
+            pool.set_events(100_000)
+            logged = measure(cycle_once)
+            pool.set_events(None)
             renew = measure(renew_once)
             pool.release(held)
             handoff = measure(Handoff(port, f"cg-{path}-handoff").once)
-            print(f"{path:<10} {ping:>8,.0f} {cycle:>16,.0f} {renew:>8,.0f} {handoff:>8,.0f}")
+            print(
+                f"{path:<10} {ping:>8,.0f} {cycle:>16,.0f} {logged:>13,.0f} {renew:>8,.0f} "
+                f"{handoff:>8,.0f}"
+            )
             own.close()
     finally:
         server.terminate()

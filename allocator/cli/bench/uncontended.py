@@ -68,12 +68,22 @@ class Uncontended(BenchBase):
         for _ in range(extra):
             script()
         stats2 = self.command_stats()
+        # The same with the pool's event log on: what it costs a grant
+        # (and its release), on the server (docs/operations.md, event log).
+        pool.set_events(100_000)
+        stats3 = self.command_stats()
+        for _ in range(extra):
+            pool.release(pool.acquire(timeout=10))
+        stats4 = self.command_stats()
+        pool.set_events(None)
         lib_calls, lib_usec = _script_calls(_diff(stats0, stats1))
+        ev_calls, ev_usec = _script_calls(_diff(stats3, stats4))
         one_calls, one_usec = _diff(stats1, stats2).get("evalsha", (0, 0))
         lib_script_us = lib_usec / lib_calls if lib_calls else None
         one_script_us = one_usec / one_calls if one_calls else None
         self.details["uncontended"] = {
             "server_usec_per_library_call": lib_script_us,
+            "server_usec_per_library_call_events_on": ev_usec / ev_calls if ev_calls else None,
             "library_calls_per_cycle": lib_calls / extra,
             "server_usec_per_return_1": one_script_us,
             "server_commands_per_cycle": _per_grant(_diff(stats0, stats1), extra),
@@ -97,7 +107,9 @@ class Uncontended(BenchBase):
                 f"release p50 {format_value(_p(release, 'p50'), 'ns')}, "
                 f"EVALSHA 'return 1' p50 {format_value(_p(evalsha, 'p50'), 'ns')}; "
                 f"{lib_calls / extra:.2f} script calls per cycle; server time per call "
-                f"{_us(lib_script_us)} (acquire/release) vs {_us(one_script_us)} ('return 1')",
+                f"{_us(lib_script_us)} (acquire/release; "
+                f"{_us(ev_usec / ev_calls if ev_calls else None)} with the event log on) "
+                f"vs {_us(one_script_us)} ('return 1')",
             )
         )
         self.progress.end(
