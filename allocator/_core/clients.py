@@ -3,11 +3,12 @@
 and when a connected client counts as *stalled* (docs/operations.md).
 
 A waiting client's reader refreshes its liveness mark every heartbeat
-(:data:`~.liveness.HEARTBEAT`); the mark's score is the time of the last
+(:func:`~.liveness.heartbeat_of`: 2 s for a client that keeps a presence,
+1 s for one judged by its mark alone); the mark's score is the time of the last
 refresh plus the mark's length (:func:`~.liveness.alive_ms`), so the
 client's silence is the server's time minus that refresh. A client that is
 connected (its presence connection is open) and waits, yet has been silent
-for longer than :data:`STALLED_AFTER`, is stopped (SIGSTOP), paused (a long
+for longer than its heartbeat plus :data:`STALL_MARGIN`, is stopped (SIGSTOP), paused (a long
 GC) or blocked (an event loop that does not yield): connected, but not
 going on."""
 
@@ -18,13 +19,17 @@ import socket
 from typing import Any
 
 from .._values import ClientInfo
-from .liveness import HEARTBEAT, alive_ms
+from .liveness import alive_ms, heartbeat_of
 
 #: What a heartbeat may be late by without the client looking stalled: a
 #: round trip to a slow server, a reader's short backoff.
 STALL_MARGIN = 1.0
-#: Silence past which a connected, waiting client counts as stalled.
-STALLED_AFTER = HEARTBEAT + STALL_MARGIN
+
+
+def stalled_after(cid: str) -> float:
+    """Silence past which client ``cid``, connected and waiting, counts as
+    stalled: its heartbeat, and the margin."""
+    return heartbeat_of(cid) + STALL_MARGIN
 
 
 def client_info() -> str:
@@ -42,11 +47,12 @@ def silence(cid: str, mark_ms: int, now_ms: int) -> float:
     return max(now_ms - (mark_ms - alive_ms(cid)), 0) / 1000
 
 
-def stalled(present: bool | None, waiters: int, silent_for: float | None) -> bool:
-    """Whether a client is stalled: connected, waiting (so due a heartbeat
-    every :data:`~.liveness.HEARTBEAT`), and silent past
-    :data:`STALLED_AFTER`."""
-    return bool(present) and waiters > 0 and silent_for is not None and silent_for > STALLED_AFTER
+def stalled(cid: str, present: bool | None, waiters: int, silent_for: float | None) -> bool:
+    """Whether client ``cid`` is stalled: connected, waiting (so due a
+    heartbeat), and silent past :func:`stalled_after`."""
+    return (
+        bool(present) and waiters > 0 and silent_for is not None and silent_for > stalled_after(cid)
+    )
 
 
 def clients_of(rows: list[tuple[str, str, str, int, str]], now_ms: int) -> tuple[ClientInfo, ...]:
@@ -81,7 +87,7 @@ def clients_of(rows: list[tuple[str, str, str, int, str]], now_ms: int) -> tuple
                 silent_for=silent,
                 waiters=row["waiters"],
                 leases=row["leases"],
-                stalled=stalled(row["present"], row["waiters"], silent),
+                stalled=stalled(cid, row["present"], row["waiters"], silent),
             )
         )
     out.sort(key=lambda c: (c.host or "~", c.pid or 0, c.id))

@@ -135,6 +135,7 @@ class Snapshot:
     @property
     def stalled(self) -> tuple[ClientInfo, ...]:
         return tuple(c for c in self.clients if c.stalled)
+
     #: The resources shown (status --resource/--state/--owner); None: all.
     shown: tuple[ResourceStatus, ...] | None = None
 
