@@ -72,6 +72,7 @@ from ._presence import AsyncPresence, refused
 from ._scripts import Scripts, scripts
 from ._transport import (
     heartbeat_for,
+    in_process,
     is_cluster,
     keeps_presence,
     no_client_retries,
@@ -289,8 +290,10 @@ class Reader:
         self.holds = Holds()
         self._watcher: asyncio.Task[None] | None = None
         self._beat_generation = 0
-        #: Whether the server has BLMPOP (one command a round), until it refuses it.
-        self._multipop = True
+        #: Whether the server has BLMPOP (one command a round), until it
+        #: refuses it. Not fakeredis: its BLMPOP leaves an emptied list
+        #: behind as a key.
+        self._multipop = not in_process(client)
         self.reclaimable = Reclaimable()
 
     @property

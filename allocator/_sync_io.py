@@ -78,6 +78,7 @@ from ._presence import Presence, refused
 from ._scripts import Scripts, scripts
 from ._transport import (
     heartbeat_for,
+    in_process,
     is_cluster,
     keeps_presence,
     no_client_retries,
@@ -392,8 +393,10 @@ class Reader:
         self._unwatch = threading.Event()
         #: The presence's generation when the last heartbeat was sent.
         self._beat_generation = 0
-        #: Whether the server has BLMPOP (one command a round), until it refuses it.
-        self._multipop = True
+        #: Whether the server has BLMPOP (one command a round), until it
+        #: refuses it. Not fakeredis: its BLMPOP leaves an emptied list
+        #: behind as a key.
+        self._multipop = not in_process(client)
         #: Its reclaim_on_disconnect leases, released once the watch gives them up.
         self.reclaimable = Reclaimable()
 

@@ -51,6 +51,7 @@ __all__ = [
     "bound_client_retries",
     "client_kind",
     "heartbeat_for",
+    "in_process",
     "is_cluster",
     "is_sentinel",
     "keeps_presence",
@@ -237,13 +238,18 @@ def heartbeat_for(client: Any) -> float:
     return HEARTBEAT_PRESENT
 
 
+def in_process(client: Any) -> bool:
+    """Whether ``client`` is fakeredis, the in-process backend."""
+    return type(client).__module__.startswith("fakeredis")
+
+
 def keeps_presence(client: Any) -> bool:
     """Whether the allocator keeps a presence (docs/concepts.md,
     "Presence") for this client: a server's connection to a real process (on
     a cluster, to the master of each slot it waits in). Not for fakeredis
     (one process, nothing to tell apart): there the liveness mark alone
     judges."""
-    return not type(client).__module__.startswith("fakeredis")
+    return not in_process(client)
 
 
 def is_cluster(client: Any) -> bool:

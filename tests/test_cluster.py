@@ -752,6 +752,8 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     assert [info.resource for info in admin.leases()] == ["r"]  # leases
     assert sum(c.leases for c in admin.clients()) == 1  # clients
     assert admin.stats().grants == 3  # stats: acquire_many, acquire, the waiter
+    admin.set_events(100)  # set_events (the log on, then off again)
+    admin.set_events(None)
     admin.quarantine("r", 60)  # quarantine
     assert admin.unquarantine("r") is True  # unquarantine
     assert admin.revoke(lease_id=got.id) is True  # revoke

@@ -57,7 +57,7 @@ def test_off_by_default_then_every_kind_is_logged_without_the_lease_id(
     time.sleep(0.1)
     pool.gc()  # the expiry
     revoked = pool.acquire(timeout=5)
-    assert pool.revoke(revoked.id)
+    assert pool.revoke(lease_id=revoked.id)
     pool.quarantine("a", 60)
     forced = pool.acquire(timeout=5)
     pool.remove([forced.resource], force=True)
