@@ -137,10 +137,16 @@ if not claimed.err then
       L, raw, damaged = P:lease_load(t.l)
     end
     if L and L.ticket == id then
-      if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
+      if L.deadline <= P.now then
         P:end_and_settle(t.l, L)
         P:tell_end(t.l, L.cid)
         P.reclaimed = P.reclaimed + 1
+      elseif not P.counted(L, P:res_load(L.res)) then
+        -- Void (its resource was removed with force, or removed and added
+        -- again): it was counted among the revoked then, and its holder
+        -- told; only its record is left, which its holder's renew or
+        -- release would have cleaned up.
+        P:end_and_settle(t.l, L)
       end
     elseif raw and string.sub(raw, 3) == id then
       -- A waiting ticket that the group delivered without a grant (the group

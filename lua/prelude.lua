@@ -853,9 +853,15 @@ function P:take_one(lid, L)
   self:end_and_settle(lid, L)
   self.reclaimed = self.reclaimed + 1
   self:event('reclaim', L.res, L.token, L.cid)
-  -- Only while its liveness mark is still there: gc deletes the list
-  -- together with the mark, and must not find it made again after.
-  if redis.call('ZSCORE', self.ALIVE, L.cid) then
+  -- A client gone by its presence (absent for a whole grace: its process
+  -- died) reads nothing any more: its signal list goes (the grant just
+  -- taken back, hints), as gc would delete it with its mark. Otherwise the
+  -- notice, only while its liveness mark is still there: gc deletes the
+  -- list together with the mark, and must not find it made again after.
+  local at = self:gone_at(L.cid)
+  if at and at <= self.now then
+    redis.call('DEL', self.SIG .. L.cid)
+  elseif redis.call('ZSCORE', self.ALIVE, L.cid) then
     redis.call('RPUSH', self.SIG .. L.cid, 'x|' .. lid)
   end
 end
