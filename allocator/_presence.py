@@ -1,7 +1,7 @@
-"""A client's presence (CONTRACT.md section 11): the connection, one per
-reader, that a process keeps subscribed to a channel per pool it waits in,
-so that the server tells its death (the kernel closes its sockets) from a
-stall. The scripts count the channel's subscribers; the decisions (which
+"""A client's presence (docs/concepts.md#presence-as-a-session): the
+connection, one per reader, that a process keeps subscribed to a channel
+per pool it waits in, so that the server tells its death (the kernel
+closes its sockets) from a stall. The scripts count the channel's subscribers; the decisions (which
 id, when to subscribe again) are the hub's (allocator/_core/hub.py). Sync
 and asyncio, as the shells use them."""
 
@@ -80,10 +80,11 @@ def refused(client: Any, error: BaseException) -> bool:
 
 
 class Presence:
-    """The presence of one reader's client in this process (CONTRACT.md
-    section 11): one connection, subscribed to the presence channel of each
-    pool the client waits in (sharded channels where the server has them:
-    SSUBSCRIBE on Redis >= 7 and Valkey, SUBSCRIBE on 6.2). The scripts
+    """The presence of one reader's client in this process
+    (docs/concepts.md#presence-as-a-session): one connection, subscribed to
+    the presence channel of each pool the client waits in (sharded channels
+    where the server has them: SSUBSCRIBE on Redis >= 7 and Valkey,
+    SUBSCRIBE on 6.2). The scripts
     count its subscribers, and the server drops it the moment this process
     dies; what they publish there is the end of a lease of this client's
     (``e|<lease id>``: a revoke, a reclaim, lua/prelude.lua ``P:tell_end``),

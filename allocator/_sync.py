@@ -55,9 +55,9 @@ class FairAllocator:
 
     ``reclaim_on_disconnect`` (default False): a lease this allocator
     acquires ends once the server has seen its holder's process gone (its
-    presence connection dropped, CONTRACT.md section 11) for the grace,
-    about a second, instead of at its deadline, and the resource goes to
-    the next waiter then. In return, this process gives up such a lease by
+    presence connection dropped, docs/concepts.md#presence-as-a-session)
+    for the grace, about a second, instead of at its deadline, and the
+    resource goes to the next waiter then. In return, this process gives up such a lease by
     itself once its own presence connection has been down longer than the
     grace (a partition, a restart the connection did not survive):
     ``renew`` and the exit of ``lease()`` raise

@@ -55,7 +55,7 @@ class ResourceStatus:
     throttled: bool = False
     rate: tuple[int, float] | None = None
     #: Its live leases whose holder is not connected (presence: gone, or
-    #: reconnecting; CONTRACT.md section 11).
+    #: reconnecting; docs/concepts.md#presence-as-a-session).
     absent_holders: int = 0
 
 
@@ -91,9 +91,10 @@ class LeaseInfo:
     owner: str
     granted_at: float
     expires_at: float
-    #: Whether the holder's process is connected (its presence: CONTRACT.md
-    #: section 11); None where nobody can tell (a holder without a presence:
-    #: an asyncio cluster or fakeredis client, an ACL without the channel).
+    #: Whether the holder's process is connected (its presence:
+    #: docs/concepts.md#presence-as-a-session); None where nobody can tell
+    #: (a holder without a presence: an asyncio cluster or fakeredis client,
+    #: an ACL without the channel).
     holder_present: bool | None = None
     #: The holder's client id (a process, as ``clients()`` shows it).
     client: str = ""

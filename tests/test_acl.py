@@ -1,6 +1,6 @@
 """Every ACL line that docs/operations.md documents, tried on a real server:
 the library runs as that user, and a per-pool user is refused another
-pool's keys (issue 8, item 12)."""
+pool's keys (docs/operations.md#one-user-per-pool)."""
 
 from __future__ import annotations
 

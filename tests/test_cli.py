@@ -513,7 +513,7 @@ def test_human_durations() -> None:
     )
 
 
-# -- the real command, in a subprocess (issue 21) ------------------------------
+# -- the real command, in a subprocess -----------------------------------------
 
 
 def allocator_command() -> list[str]:
@@ -826,7 +826,7 @@ def test_revoke_ends_one_lease_and_status_shows_each_holder(env: tuple[str, str]
     ],
 )
 def test_bad_values_on_the_line_are_usage_errors(argv: tuple[str, ...], says: str) -> None:
-    """Issue 19, item 7: a port out of range printed a traceback; an empty
+    """Before these checks, a port out of range printed a traceback; an empty
     --url (an unset "$VAR") meant localhost:6379; an empty --prefix, a
     --count of 0 and an empty demo --pool were taken."""
     done = cli(*argv, env={"REDIS_URL": "redis://127.0.0.1:1/0"})

@@ -1,4 +1,4 @@
-"""The library on a real Redis Cluster (CONTRACT section 1, FAILURE-MODES 26).
+"""The library on a real Redis Cluster (docs/operations.md#redis-cluster).
 
 One local cluster of three masters (``tests/_cluster.py``) serves the whole
 module. Each scenario runs once per flavour: ``redis.cluster.RedisCluster``
@@ -406,8 +406,8 @@ def test_fifo_with_several_waiters(env: Env) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Presence on a cluster (CONTRACT.md section 11): a connection per client and
-# slot, to the slot's master, subscribed to a sharded channel there.
+# Presence on a cluster (docs/concepts.md#presence-as-a-session): a connection
+# per client and slot, to the slot's master, subscribed to a sharded channel there.
 # ---------------------------------------------------------------------------
 
 
@@ -436,8 +436,9 @@ def test_a_cluster_client_keeps_its_presence_on_the_slots_master(env: Env) -> No
     assert waiter.release(got) is True
 
 
-#: As in test_presence: what the clock bound allows beyond the contract's
-#: 2 s on a loaded 2-core machine. The mark alone would take 12 s.
+#: As in test_presence: what the clock bound allows beyond the 2 s in which
+#: those behind a dead waiter are served (docs/concepts.md#4-liveness) on a
+#: loaded 2-core machine. The mark alone would take 12 s.
 SLACK = 1.0
 
 
@@ -502,7 +503,8 @@ def test_a_cluster_holder_killed_is_reclaimed_at_once_with_reclaim_on_disconnect
 
 
 # ---------------------------------------------------------------------------
-# 4. FAILURE-MODES 26: MOVED during a blocking read is survived.
+# 4. A slot that moves while a waiter blocks on it: the server ends the read
+#    with MOVED, and the waiter blocks again on the new owner.
 # ---------------------------------------------------------------------------
 
 

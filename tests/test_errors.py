@@ -1,4 +1,4 @@
-"""Errors that tell the truth (issue 8): how a call fails its caller.
+"""Errors that tell the truth (docs/api.md#errors): how a call fails its caller.
 
 Each test runs against a real server (the session's, or a private one of
 its own that it stops, restarts or configures) and checks one way a call

@@ -1,6 +1,7 @@
-"""The Functions library (issue 10): the same Lua as the scripts, loaded
-once per server and called with FCALL where the server has Functions; the
-scripts (EVALSHA) where it, the client or the user's ACL has none. The
+"""The Functions library (docs/operations.md#only-the-librarys-own-code): the
+same Lua as the scripts, loaded once per server and called with FCALL where
+the server has Functions; the scripts (EVALSHA) where it, the client or the
+user's ACL has none. The
 rest of the suite runs on whichever path the server gives (Functions on
 Redis 7 and Valkey, scripts on Redis 6.2, the last run of `.ci/run`'s
 matrix). A storm of FUNCTION FLUSH is in tests/test_errors.py, beside the

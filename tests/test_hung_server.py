@@ -1,4 +1,4 @@
-"""Deadlines against a hung server (issue 19, item 2).
+"""Deadlines against a hung server (docs/api.md#errors).
 
 A private redis-server is stopped (SIGSTOP): it accepts connections (the
 kernel does) and never answers. Every public call of FairAllocator and

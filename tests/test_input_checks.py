@@ -1,5 +1,5 @@
-"""What a caller passes is checked before any I/O (issue 19, item 7), sync
-and asyncio, on every backend of the ``pool`` fixture:
+"""What a caller passes is checked before any I/O (docs/api.md#errors),
+sync and asyncio, on every backend of the ``pool`` fixture:
 
 - an int subclass (``IntEnum``) is taken for its plain value: before, it
   passed the checks and redis-py sent its ``repr`` (``<Size.TWO: 2>``),

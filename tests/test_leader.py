@@ -1,4 +1,4 @@
-"""The waiter reads its own grant (issue 22): leader and followers.
+"""The waiter reads its own grant (docs/performance.md): leader and followers.
 
 While threads (or tasks) of one client wait, there is no reader thread:
 the first waiter leads, carrying out the rounds on the client's one

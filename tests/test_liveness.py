@@ -1,6 +1,6 @@
 """Liveness, FIFO and capacity under stalls, lost replies, crowds of dead
-tickets and shared clients (issue 13): every scenario here failed against
-0.1.0, each in the way its docstring says."""
+tickets and shared clients: every scenario here failed against 0.1.0, each
+in the way its docstring says."""
 
 from __future__ import annotations
 

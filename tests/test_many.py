@@ -1,4 +1,5 @@
-"""Several resources at once (CONTRACT.md section 10): acquire_many and lease_many.
+"""Several resources at once (docs/concepts.md#several-resources-at-once):
+acquire_many and lease_many.
 
 The scenarios of the first part run in every flavour (conftest.FLAVOURS);
 those of the second part use several OS processes against the real server

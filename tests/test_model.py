@@ -11,13 +11,14 @@ of extend, remove and gc) must be the one the model predicts.
 Ttls and quarantines are 600 s, so nothing ends by itself during a run: the
 model needs no clock, and the test is deterministic (``derandomize``).
 
-What the model encodes, from the contract: a resource is free iff it is in
-rotation (not quarantined, not draining) with a free slot; among free ones,
-the highest priority is granted first, and among equals the one free for
-longest (a resource that was just granted, or came back, goes to the back;
-resources that became free in the same operation go by name); a draining
-resource leaves with its last lease; a forced removal voids its leases; a
-resource added again continues its token sequence.
+What the model encodes, from the guarantees (docs/concepts.md#guarantees):
+a resource is free iff it is in rotation (not quarantined, not draining)
+with a free slot; among free ones, the highest priority is granted first,
+and among equals the one free for longest (a resource that was just
+granted, or came back, goes to the back; resources that became free in the
+same operation go by name); a draining resource leaves with its last lease;
+a forced removal voids its leases; a resource added again continues its
+token sequence.
 """
 
 from __future__ import annotations

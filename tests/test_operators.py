@@ -1,4 +1,5 @@
-"""CONTRACT.md section 8, seeing and steering a pool, in every flavour:
+"""Seeing and steering a pool (docs/operations.md#the-command-line), in every
+flavour:
 owner, leases(), stats(), quarantine(), delete(), pools(), oldest_wait, and
 reads that write nothing."""
 
@@ -321,8 +322,8 @@ def test_the_scripts_use_the_same_wait_buckets_as_python() -> None:
 def test_status_and_leases_read_a_large_pool_in_pages(
     pool: Any, monkeypatch: pytest.MonkeyPatch, page: int
 ) -> None:
-    """status() and leases() read the pool a page per script run (issue
-    19: one run over 50,000 resources blocked the server for 378 ms); the
+    """status() and leases() read the pool a page per script run (one run
+    over 50,000 resources used to block the server for 378 ms); the
     pages add up to the same snapshot as one run, stale leases included."""
     from allocator._core import admin
 
@@ -348,7 +349,7 @@ def test_status_and_leases_read_a_large_pool_in_pages(
 
 
 def test_a_damaged_record_is_one_clear_error_naming_the_pool_and_key(pool: Any, raw: Any) -> None:
-    """Issue 19, item 4: corrupt pool data gave raw errors ("not enough
+    """Corrupt pool data used to give raw errors ("not enough
     values to unpack", a Lua "attempt to compare number with nil"); the
     scripts refuse it (ALLOCATOR-CORRUPT) and the library raises one
     CorruptPool naming the pool and the key; gc mends it."""

@@ -1,4 +1,5 @@
-"""Presence: a dead process is told from a stalled one (CONTRACT.md section 11).
+"""Presence: a dead process is told from a stalled one (docs/concepts.md,
+'Liveness marks, presence and dead waiters').
 
 Each client keeps one connection subscribed to a channel named by its id
 under each pool it waits in; the scripts count the channel's subscribers.
@@ -22,8 +23,9 @@ from helpers import Background, wait_until
 from allocator import FairAllocator, Lease, LeaseLost
 from allocator._core.liveness import ALIVE_PRESENT
 
-#: What the clock bounds below allow beyond the contract's 2 s: a loaded
-#: 2-core machine's scheduling. The mark alone would take 12 s.
+#: What the clock bounds below allow beyond the 2 s in which those behind a
+#: dead waiter are served (docs/concepts.md#4-liveness): a loaded 2-core
+#: machine's scheduling. The mark alone would take 12 s.
 SLACK = 1.0
 
 

@@ -33,8 +33,8 @@ from allocator._core.liveness import GRACE, HEARTBEAT_PRESENT
 
 #: How long each trial flaps the connections: several graces.
 FLAP = 3.0 * GRACE
-#: What the clock bounds below allow beyond the contract's: a loaded 2-core
-#: machine's scheduling.
+#: What the clock bounds below allow beyond those of docs/concepts.md: a
+#: loaded 2-core machine's scheduling.
 SLACK = 1.0
 
 
@@ -192,8 +192,9 @@ def test_a_crowd_of_dead_clients_is_found_together(
     dead client after the kill (8 clients: 8.4 s; 100 clients: 15.5 s).
     Now the first client found absent has the others' presences checked
     with it, their graces run together, and the live waiter is served
-    within the contract's 2.5 s of the kill (docs/performance.md has the
-    figures for 100 clients and 2,000 waiters)."""
+    within 2.5 s of the kill, about one grace and one heartbeat
+    (docs/concepts.md, 'The dead are found together'; docs/performance.md
+    has the figures for 100 clients and 2,000 waiters)."""
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
     held = pool.acquire(timeout=5)

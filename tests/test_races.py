@@ -1,4 +1,5 @@
-"""The races of FAILURE-MODES.md (core, 1-10), each staged step by step.
+"""The races of a waiter's acquire with a release, a timeout or an interrupt
+(docs/concepts.md#guarantees), each staged step by step.
 
 A :class:`~helpers.Stepper` drives a waiter's acquire one step at a time, so
 the test can put a release, a timeout or an interrupt exactly between two of

@@ -1,5 +1,5 @@
-"""Reads write nothing (issue 19, item 5): ``status()``, ``leases()``,
-``stats()``, ``pools()`` (sync and asyncio) and the CLI's ``pools``,
+"""Reads write nothing (lua/README.md, "Reads that write nothing"):
+``status()``, ``leases()``, ``stats()``, ``pools()`` (sync and asyncio) and the CLI's ``pools``,
 ``status`` and ``watch`` load no library and write no key, on a private
 server without the Functions library (Redis 7: they run as ``EVALSHA_RO``;
 Redis 6.2, the ``redis62`` run of the matrix: as ``EVALSHA``) and with it

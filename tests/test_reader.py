@@ -1,4 +1,5 @@
-"""The reader's round keeps every message it pops (FAILURE-MODES.md, 27).
+"""The reader's round keeps every message it pops: a grant popped and
+dropped reached its waiter late, or not at all.
 
 A reader's round is one pipeline ``[BLPOP list block, LPOP list BATCH]``.
 When the BLPOP times out and a grant is pushed before the LPOP runs, the

@@ -1,4 +1,5 @@
-"""Recovery from crashes, pauses and restarts (FAILURE-MODES 11-20), with real processes.
+"""Recovery from crashes, pauses and restarts (docs/concepts.md#4-liveness,
+docs/operations.md#restarts-and-failover), with real processes.
 
 Every scenario runs against a real Redis, with the pool's clients in separate
 OS processes (``tests/_workers.py``) that are SIGKILLed or SIGSTOPped for

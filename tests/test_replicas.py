@@ -1,4 +1,5 @@
-"""Replicas and Sentinel (CONTRACT.md section 9): ``min_replicas``,
+"""Replicas and Sentinel (docs/operations.md#replicas-min_replicas,
+docs/operations.md#sentinel): ``min_replicas``,
 ``replica_timeout``, ``NotReplicated``, and Sentinel-managed clients through
 a failover.
 

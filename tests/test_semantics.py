@@ -1,4 +1,5 @@
-"""The contract, scenario by scenario, in every flavour (see conftest.FLAVOURS)."""
+"""The guarantees (docs/concepts.md#guarantees), scenario by scenario, in every flavour
+(see conftest.FLAVOURS)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Single calls on a Sentinel-managed client ride out a failover (issue 19,
-item 7): ``release`` and ``renew`` made the moment the master dies (SIGKILL)
+"""Single calls on a Sentinel-managed client ride out a failover
+(docs/operations.md#sentinel): ``release`` and ``renew`` made the moment the master dies (SIGKILL)
 or hangs (SIGSTOP) return once Sentinel has promoted a replica, instead of
 raising ``MasterNotFoundError`` when the plain 2 s budget runs out.
 

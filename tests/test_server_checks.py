@@ -1,5 +1,5 @@
-"""Issue 19, items 3 and 4, on the server: the pool defends itself from its
-own users where Redis lets it.
+"""The pool defends itself from its own users where Redis lets it, on the
+server.
 
 A user whose ACL lets them run a pool's scripts can call them with any
 arguments, and can write the pool's keys by hand (lua/README.md, "Trust").
@@ -557,7 +557,7 @@ def test_a_key_of_another_type_is_reported_by_gc(ctx: Ctx) -> None:
 
 def test_quarantines_are_counted_by_cause(ctx: Ctx) -> None:
     """STATS `qr` (started by a release with quarantine=) and `qo` (by an
-    operator's quarantine()), for issue 21's metrics; a release without
+    operator's quarantine()), for the metrics' ``allocator_quarantines_total``; a release without
     quarantine, or of a lease that had ended, counts nothing."""
     stats = ctx.key("stats")
     lease = ctx.pool.acquire(timeout=5)

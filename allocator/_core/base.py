@@ -82,7 +82,8 @@ class PoolBase:
     call_budget: float = RETRY_BUDGET
     try_budget: float | None = None
     #: Leases end once their holder's presence is gone for the grace
-    #: (CONTRACT.md 11; off by default): the acquires say so to the scripts.
+    #: (docs/concepts.md#dead-holders-reclaim_on_disconnect; off by
+    #: default): the acquires say so to the scripts.
     reclaim_on_disconnect: bool = False
     _policy_checked: bool = attrs.field(default=False, repr=False)
     #: The client ids that said who they are in this pool (their first

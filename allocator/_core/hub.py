@@ -522,7 +522,8 @@ def popped(first: Any, rest: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     Every message popped is kept, whatever the BLPOP answered: when it
     timed out and a grant was pushed before the LPOP ran (a ``CLIENT
     PAUSE`` holds the LPOP while the BLPOP times out), the LPOP popped that
-    grant, and dropping it lost the waiter its turn (FAILURE-MODES.md, 27)."""
+    grant, and dropping it lost the waiter its turn (its lease came 2 s
+    late, or, with a ttl of 2 s or less, went to later requesters)."""
     out = [(first[0], first[1])] if first else []
     for key, messages in rest:
         out += [(key, message) for message in messages or ()]

@@ -1,4 +1,4 @@
-"""Who carries out a hub's rounds (issue 22): the waiter reads its own grant.
+"""Who carries out a hub's rounds: the waiter reads its own grant.
 
 While waiters of one client wait, there is no reader of its own: the first
 waiter *leads*, carrying out the hub's rounds (:meth:`Hub.rounds`) itself,

@@ -109,7 +109,7 @@ class Leasing(PoolBase):
         deadline = None if timeout is None else started + timeout
         if not blocking and deadline is None:
             # A non-blocking call never waits in line: give its retries the
-            # same short budget as any single call (issue 8, item 1).
+            # same short budget as any single call (docs/api.md#errors).
             deadline = started + self.call_budget
         mark_ms = alive_ms(cid)
         own = (*self.keys, self.signal_key(cid))

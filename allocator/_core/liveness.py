@@ -1,7 +1,8 @@
 """The clocks of liveness: how often a client's reader refreshes its
 waiters' liveness mark, how long a silent client keeps its place, and how
-its presence (CONTRACT.md section 11) tells a dead process from a stalled
-one. (The scripts keep the other side of these rules: PICKUP_MS, GRACE_MS
+its presence (docs/concepts.md, 'Liveness marks, presence and dead
+waiters') tells a dead process from a stalled one. (The scripts keep the
+other side of these rules: PICKUP_MS, GRACE_MS
 and the marks in lua/prelude.lua.)
 
 A client that keeps a presence holds one connection subscribed to a channel
@@ -41,8 +42,9 @@ HEARTBEAT_PRESENT = 2.0
 ALIVE = 4.0
 
 #: The same silence for a client that keeps a presence: a dead one is told
-#: by its connection, so a stalled one can be given room (CONTRACT.md 11:
-#: at least 10 s).
+#: by its connection, so a stalled one can be given room: a live waiter
+#: stalled up to 10 s keeps its place (docs/concepts.md, 'Liveness marks,
+#: presence and dead waiters').
 ALIVE_PRESENT = 11.0
 #: How long a client that keeps a presence may be absent (no subscriber on
 #: its channel) before it counts as gone, counted from the first script run

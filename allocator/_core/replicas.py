@@ -1,5 +1,5 @@
-"""Confirming writes on replicas (CONTRACT.md section 9): the pipeline of a
-confirmed call and the reading of its replies."""
+"""Confirming writes on replicas (docs/operations.md#replicas-min_replicas):
+the pipeline of a confirmed call and the reading of its replies."""
 
 from __future__ import annotations
 

@@ -392,7 +392,8 @@ def render(snap: Snapshot) -> Group:
     return Group(*parts, counters)
 
 
-#: The holder column of the leases table: its presence (CONTRACT.md 11).
+#: The holder column of the leases table: its presence
+#: (docs/concepts.md#presence-as-a-session).
 _HOLDER = {
     True: Text("connected", style="green"),
     False: Text("GONE", style="bold red"),

@@ -1,4 +1,5 @@
-"""Where a contended grant's client CPU goes (issue 22): per grant, the CPU
+"""Where a contended grant's client CPU goes (docs/performance.md, "The
+waiter reads its own grant"): per grant, the CPU
 of the worker processes, and py-spy's samples of one worker split into
 redis-py, the library and the rest (the interpreter, the standard library),
 on CPU and holding the GIL.

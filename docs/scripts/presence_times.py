@@ -1,5 +1,6 @@
 """How soon those behind a dead waiter are served, and how soon a dead
-holder is shown gone (CONTRACT.md section 11; docs/concepts.md).
+holder is shown gone (docs/concepts.md, 'Liveness marks, presence and dead
+waiters').
 
     python docs/scripts/presence_times.py            # 20 runs of each
     python docs/scripts/presence_times.py --runs 5
