@@ -22,6 +22,7 @@ Scenarios (``--only`` picks some) and the figures they give:
 ``waiters``      5   per-op latency with 10,000 waiting tickets vs none
                  6   Redis memory per waiting ticket
                  7   10,000 asyncio tasks in one process: served in order,
+                     the commands a second the waiting process sends,
                      on at most 2 waiting connections
 
 The scenarios live in one module each (:mod:`.uncontended`, :mod:`.contended`,

@@ -8,6 +8,7 @@ import functools
 import time
 from typing import TYPE_CHECKING
 
+from allocator._core.liveness import HEARTBEAT_PRESENT
 from allocator.cli.bench.base import (
     LONG_TTL,
     BenchBase,
@@ -31,9 +32,32 @@ from allocator.cli.bench.workers import (
 )
 
 if TYPE_CHECKING:
+    import redis
+
     from allocator import FairAllocator, Lease
 
-__all__ = ["Waiters"]
+__all__ = ["Waiters", "commands_per_second"]
+
+
+def commands_per_second(node: redis.Redis, name: str, seconds: float) -> float:
+    """The commands a second that the connections named ``name`` send, over
+    about ``seconds`` (``MONITOR`` on ``node``; the connections found with
+    ``CLIENT LIST`` afterwards): what waiting costs a process. Its commands
+    come in bursts a heartbeat apart, so the rate is the commands after the
+    first over the time from the first to the last, not a window's count
+    (which a burst at either edge would skew by one)."""
+    seen: list[tuple[str, float]] = []
+    with node.monitor() as monitor:  # type: ignore[no-untyped-call]
+        end = time.monotonic() + seconds
+        for event in monitor.listen():
+            seen.append((f"{event['client_address']}:{event['client_port']}", event["time"]))
+            if time.monotonic() > end:
+                break
+    mine = {c["addr"] for c in node.client_list() if c.get("name") == name}
+    times = [t for addr, t in seen if addr in mine]
+    if len(times) < 2:
+        return 0.0
+    return (len(times) - 1) / (times[-1] - times[0])
 
 
 class Waiters(BenchBase):
@@ -90,6 +114,8 @@ class Waiters(BenchBase):
             for _ in range(3):
                 conns.sample()
                 time.sleep(0.05)
+            self.progress.update("counting what waiting costs")
+            idle_per_s = commands_per_second(self.node, name, 3 * HEARTBEAT_PRESENT)
             probes = self._probe_queue(pools, held, conns)
 
             # Let them all through: each task releases as soon as it is served.
@@ -143,6 +169,7 @@ class Waiters(BenchBase):
             "fifo_violations": violations,
             "token_order_mismatches": mismatches,
             "serve_all_s": serve_s,
+            "idle_commands_per_s": idle_per_s,
             "errors": done["errors"][:20],
             **conns.details(),
         }
@@ -205,6 +232,19 @@ class Waiters(BenchBase):
                 f"(commands: {', '.join(sorted(conns.commands)) or '-'}); "
                 f"{conns.max_total} connections in all at most, client pool limit "
                 f"{plan.helper_connections}",
+            )
+        )
+        self.add(
+            Row(
+                "7c",
+                "commands a second from the waiting process",
+                idle_per_s,
+                "",
+                target=Target("<=", 1.05, on="value"),
+                text=f"{idle_per_s:.2f}/s",
+                note=f"{n:,} tasks waiting in one process, over "
+                f"{3 * HEARTBEAT_PRESENT:g} s (MONITOR): its heartbeats and blocking reads, "
+                f"two every {HEARTBEAT_PRESENT:g} s",
             )
         )
         self.progress.end(
