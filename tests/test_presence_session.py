@@ -277,9 +277,16 @@ def test_waiting_costs_under_a_command_a_second(
         rate = commands_per_second(admin, "idle", 3 * HEARTBEAT_PRESENT)
     finally:
         admin.close()
-    # (Its heartbeat and one blocking read every HEARTBEAT_PRESENT seconds:
-    # a rate measured from the first command to the last, within 5 %.)
-    assert 0 < rate <= 1.05
+    # Its heartbeat and one blocking read every HEARTBEAT_PRESENT seconds:
+    # a rate measured from the first command to the last, within 5 %. A
+    # server without BLMPOP (Redis 6.2) gets the two-command round, BLPOP
+    # and LPOP: 1.5 a second there.
+    try:
+        client.execute_command("BLMPOP", "0.01", 1, f"{pool_name}:probe", "LEFT")
+        per_beat = 2
+    except redis.exceptions.ResponseError:  # unknown command: Redis 6.2
+        per_beat = 3
+    assert 0 < rate <= 1.05 * per_beat / HEARTBEAT_PRESENT
     assert pool.release(held)
     waiter.expect("granted", timeout=15)
     waiter.send("release")
