@@ -588,9 +588,7 @@ def _leases(args: argparse.Namespace) -> int:
             info.resource,
             str(info.token),
             info.owner,
-            info.client
-            if client is None or not client.host
-            else f"{info.client} ({client.host}:{client.pid})",
+            _where(info.client, client),
             holder_text(info, client),
             f"{ago(now - info.granted_at)} ago",
             f"in {ago(info.expires_at - now)}",
