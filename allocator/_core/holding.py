@@ -123,7 +123,7 @@ class Holds:
     def ended(self, lid: str) -> None:
         """The server said that lease ``lid`` ended (revoked, reclaimed, its
         resource removed or its pool deleted by force: ``e|<lease id>`` on
-        the presence channel, lua/prelude.lua ``P:tell_end``): it is lost
+        the presence channel, lua/prelude_clients.lua ``P:tell_end``): it is lost
         from now on, whatever the presence. A lease not held here (already
         dropped, or past its deadline) is no concern."""
         if lid in self._held:

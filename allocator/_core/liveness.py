@@ -2,8 +2,8 @@
 waiters' liveness mark, how long a silent client keeps its place, and how
 its presence (docs/concepts.md, 'Liveness marks, presence and dead
 waiters') tells a dead process from a stalled one. (The scripts keep the
-other side of these rules: PICKUP_MS, GRACE_MS
-and the marks in lua/prelude.lua.)
+other side of these rules: PICKUP_MS and GRACE_MS in
+lua/prelude_defaults.lua, the marks in lua/prelude_clients.lua.)
 
 A client that keeps a presence holds one connection subscribed to a channel
 named by its id under each pool it waits in (``<pool>:p:<client id>``), and
@@ -48,7 +48,7 @@ ALIVE = 4.0
 ALIVE_PRESENT = 11.0
 #: How long a client that keeps a presence may be absent (no subscriber on
 #: its channel) before it counts as gone, counted from the first script run
-#: that found it so: a reconnect's time (GRACE_MS in lua/prelude.lua).
+#: that found it so: a reconnect's time (GRACE_MS in lua/prelude_defaults.lua).
 GRACE = 1.0
 #: The longest pause between two tries of what keeps a waiter's place (its
 #: reader's rounds, its own looks at the queue) while the server is out of
@@ -92,7 +92,7 @@ def silence(cid: str) -> float:
 
 #: How long a reader with nobody left waiting keeps retrying the
 #: acknowledgements it could not send: past the liveness mark and one
-#: pick-up check (PICKUP_MS in prelude.lua), the server has taken back every
+#: pick-up check (PICKUP_MS in lua/prelude_defaults.lua), the server has taken back every
 #: grant that was not acknowledged, so the acknowledgement no longer matters
 #: and the reader ends instead of retrying a gone server for ever.
 ACK_GIVE_UP = ALIVE_MS / 1000 + 2.0

@@ -90,7 +90,7 @@ DELETED = "d|"
 
 def many_id(lid: str, index: int) -> str:
     """The lease id of resource ``index`` (from 0) of the acquire_many
-    request ``lid`` (prelude.lua ``P.many_id``): ``lid`` itself, then
+    request ``lid`` (lua/prelude_many.lua ``P.many_id``): ``lid`` itself, then
     ``<lid>.2``, ``<lid>.3``... A lease id from ``secrets.token_urlsafe``
     never holds a dot, so the request's own id is the part before it."""
     return lid if index == 0 else f"{lid}.{index + 1}"
@@ -112,7 +112,7 @@ def request_of(lease_id: str) -> str:
 
 
 #: Upper bounds (seconds) of the wait histogram's buckets, as the scripts
-#: keep them (P:count_wait in prelude.lua, in ms): field ``w<i>`` of the
+#: keep them (P:count_wait in lua/prelude_resources.lua, in ms): field ``w<i>`` of the
 #: ``stats`` hash counts the grants whose wait fell in bucket i (1-based),
 #: ``w0`` those beyond the last bound.
 WAIT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
