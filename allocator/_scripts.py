@@ -124,8 +124,8 @@ def lua_dir() -> Path:
 def prelude_text(folder: Path | None = None) -> str:
     """The prelude: the files of :data:`PRELUDE` joined in that order. Each
     file ends with its last line's newline and the join puts one blank line
-    between two files, so the text is the one file the prelude was before
-    it was split (the same script text, the same SHA1 and library name)."""
+    between two files, and nothing else: the server sees one prelude, as
+    when it was one file (the split itself changed no script's SHA1)."""
     folder = lua_dir() if folder is None else folder
     return "\n".join((folder / f"{name}.lua").read_text(encoding="utf-8") for name in PRELUDE)
 

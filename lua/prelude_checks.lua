@@ -6,7 +6,7 @@
 -- the pool's keys by hand: the ACL that lets the scripts write a key lets
 -- its user write it too (lua/README.md, "Trust"). So each script checks
 -- every argument it reads before its first write, against the bounds that
--- allocator/_core.py checks (no call the library makes is refused: where
+-- allocator/_core/checks.py checks (no call the library makes is refused: where
 -- the Python counts characters, so do these; where it refuses what could
 -- only spoil the caller's own records, these may let it through); a bad one
 -- gets the error reply 'ALLOCATOR-ARG <op>: <argument> <why>', and nothing
@@ -17,7 +17,7 @@
 -- counted by gc); what cannot gets 'ALLOCATOR-CORRUPT <key>: <what>', never
 -- a raw Lua error, and never between two writes that must go together.
 -- Bounds are literals, not fields of P (a field is made on every call):
--- 315360000000 ms is ten years (MAX_SECONDS in _core.py).
+-- 315360000000 ms is ten years (MAX_SECONDS in _core/checks.py).
 
 -- The reply to a bad argument: its name, why, and what came (shortened,
 -- with control characters masked, so the reply stays one line).

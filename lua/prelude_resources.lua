@@ -284,7 +284,7 @@ end
 -- 100 250 500 1000 2500 5000 10000 30000 60000 300000) and more than the
 -- one before, `w0` those beyond the last; `ws` is the sum of the waits in ms
 -- (the grants are the sum of the buckets). Kept in step with WAIT_BOUNDS in
--- allocator/_core.py. The bounds are literals in a comparison chain, not a
+-- allocator/_core/replies.py. The bounds are literals in a comparison chain, not a
 -- table: a table would be built on every run of every script. A wait of 0
 -- ms (the uncontended grant) adds nothing to the sum: one HINCRBY.
 function P:count_wait(ticket)

@@ -1,6 +1,8 @@
--- prelude.lua: prepended to every script of a pool. It names the keys, reads
--- the clock once, and holds the helpers that every operation shares. The key
--- layout and the record formats are described in lua/README.md.
+-- The prelude, prepended to every script of a pool: this file and the other
+-- prelude_*.lua files, joined in the order of PRELUDE in
+-- allocator/_scripts.py (lua/README.md, "The prelude"). It names the keys,
+-- reads the clock once, and holds the helpers that every operation shares.
+-- The key layout and the record formats are described in lua/README.md.
 --
 -- Cost notes (callgrind on redis-server 7.0; a trivial script is ~11k
 -- instructions): Redis runs a script's whole body on every call, so every
