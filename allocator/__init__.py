@@ -10,7 +10,16 @@ from ._async import AsyncFairAllocator
 from ._core.keys import acl_key_pattern
 from ._scripts import load_functions, load_functions_async
 from ._sync import FairAllocator
-from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
+from ._values import (
+    ClientInfo,
+    GCReport,
+    Lease,
+    LeaseInfo,
+    PoolStats,
+    PoolStatus,
+    ResourceStatus,
+    TenantStatus,
+)
 from .errors import (
     AcquireTimeout,
     AllocatorError,
@@ -39,6 +48,7 @@ __all__ = [
     "PoolStatus",
     "ResourceStatus",
     "SeveralLeases",
+    "TenantStatus",
     "UnknownResource",
     "acl_key_pattern",
     "load_functions",

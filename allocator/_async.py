@@ -73,6 +73,7 @@ class AsyncFairAllocator:
         min_replicas: int = 0,
         replica_timeout: float = 0.5,
         reclaim_on_disconnect: bool = False,
+        tenant: str = "",
     ) -> None:
         self._pool = Pool.create(
             name,
@@ -83,6 +84,7 @@ class AsyncFairAllocator:
             replica_timeout=replica_timeout,
             reclaim_on_disconnect=reclaim_on_disconnect,
             sentinel=is_sentinel(client),
+            tenant=tenant,
         )
         if client_kind(client) != "async":
             raise TypeError(
@@ -162,6 +164,7 @@ class AsyncFairAllocator:
         bind: str | None = ...,
         blocking: Literal[True] = ...,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> Lease: ...
 
     @overload
@@ -173,6 +176,7 @@ class AsyncFairAllocator:
         bind: str | None = ...,
         blocking: bool,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> Lease | None: ...
 
     async def acquire(
@@ -183,6 +187,7 @@ class AsyncFairAllocator:
         bind: str | None = None,
         blocking: bool = True,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> Lease | None:
         """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
         Cancelling the task leaves the queue."""
@@ -190,7 +195,7 @@ class AsyncFairAllocator:
         flow = await self._waiting(
             reader,
             lambda cid, t0: self._pool.acquire(
-                timeout, ttl, bind, blocking, cid=cid, owner=owner, started=t0
+                timeout, ttl, bind, blocking, cid=cid, owner=owner, started=t0, tenant=tenant
             ),
             timeout,
         )
@@ -208,12 +213,13 @@ class AsyncFairAllocator:
         bind: str | None = None,
         keepalive: bool = False,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[Lease]:
         """Same as :meth:`FairAllocator.lease <allocator.FairAllocator.lease>`, as
         ``async with``; ``keepalive`` renews from a task."""
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
-        held = await self.acquire(timeout, ttl=ttl, bind=bind, owner=owner)
+        held = await self.acquire(timeout, ttl=ttl, bind=bind, owner=owner, tenant=tenant)
         keeper = _Keeper(self, held) if keepalive else None
         try:
             yield held
@@ -236,6 +242,7 @@ class AsyncFairAllocator:
         ttl: float | None = ...,
         blocking: Literal[True] = ...,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> list[Lease]: ...
 
     @overload
@@ -247,6 +254,7 @@ class AsyncFairAllocator:
         ttl: float | None = ...,
         blocking: bool,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> list[Lease] | None: ...
 
     async def acquire_many(
@@ -257,6 +265,7 @@ class AsyncFairAllocator:
         ttl: float | None = None,
         blocking: bool = True,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> list[Lease] | None:
         """Same as :meth:`FairAllocator.acquire_many
         <allocator.FairAllocator.acquire_many>`, awaitable. Cancelling the
@@ -265,7 +274,7 @@ class AsyncFairAllocator:
         flow = await self._waiting(
             reader,
             lambda cid, t0: self._pool.acquire_many(
-                count, timeout, ttl, blocking, cid=cid, owner=owner, started=t0
+                count, timeout, ttl, blocking, cid=cid, owner=owner, started=t0, tenant=tenant
             ),
             timeout,
         )
@@ -283,13 +292,14 @@ class AsyncFairAllocator:
         ttl: float | None = None,
         keepalive: bool = False,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[list[Lease]]:
         """Same as :meth:`FairAllocator.lease_many
         <allocator.FairAllocator.lease_many>`, as ``async with``;
         ``keepalive`` renews from tasks."""
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
-        held = await self.acquire_many(count, timeout, ttl=ttl, owner=owner)
+        held = await self.acquire_many(count, timeout, ttl=ttl, owner=owner, tenant=tenant)
         keepers = [_Keeper(self, lease) for lease in held] if keepalive else []
         try:
             yield held
@@ -389,6 +399,16 @@ class AsyncFairAllocator:
         """Same as :meth:`FairAllocator.set_events <allocator.FairAllocator.set_events>`,
         awaitable."""
         return await self._drive(self._pool.set_events(maxlen))
+
+    async def set_order(self, order: str) -> None:
+        """Same as :meth:`FairAllocator.set_order <allocator.FairAllocator.set_order>`,
+        awaitable."""
+        return await self._drive(self._pool.set_order(order))
+
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Same as :meth:`FairAllocator.set_tenant_weight
+        <allocator.FairAllocator.set_tenant_weight>`, awaitable."""
+        return await self._drive(self._pool.set_weight(tenant, weight))
 
     @property
     def events_key(self) -> str:

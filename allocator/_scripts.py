@@ -81,6 +81,9 @@ OPERATIONS = (
     "set_events",
     "delete",
     "clients",
+    "set_order",
+    "set_weight",
+    "tenants",
 )
 
 
@@ -99,6 +102,7 @@ PRELUDE = (
     "prelude_clients",
     "prelude_grant",
     "prelude_many",
+    "prelude_tenants",
 )
 
 
@@ -106,7 +110,7 @@ PRELUDE = (
 #: the Functions library and called with ``FCALL_RO``, so that a monitoring
 #: user whose ACL allows only ``FCALL_RO`` and read-only keys (``%R~``) can
 #: run them, and so can a replica.
-READ_ONLY = frozenset({"status", "leases", "stats", "clients"})
+READ_ONLY = frozenset({"status", "leases", "stats", "clients", "tenants"})
 
 
 def lua_dir() -> Path:

@@ -47,6 +47,11 @@ class FairAllocator:
     ``lease_ttl`` is the default life of a lease without renewal, in seconds;
     ``bind_ttl`` how long a soft binding lives after its last use.
 
+    ``tenant`` (default ``""``: none) is who this allocator's requests are
+    for, where a call names none: under the pool's order ``"tenant"``
+    (:meth:`set_order`), resources are shared fairly between tenants rather
+    than between requests (docs/concepts.md#tenants).
+
     ``min_replicas`` (default 0: no wait): ``acquire`` and ``renew`` return
     only once that many replicas confirmed the write (Redis ``WAIT``, sent
     in the same round trip as the script, bounded by ``replica_timeout``
@@ -89,6 +94,7 @@ class FairAllocator:
         min_replicas: int = 0,
         replica_timeout: float = 0.5,
         reclaim_on_disconnect: bool = False,
+        tenant: str = "",
     ) -> None:
         self._pool = Pool.create(
             name,
@@ -99,6 +105,7 @@ class FairAllocator:
             replica_timeout=replica_timeout,
             reclaim_on_disconnect=reclaim_on_disconnect,
             sentinel=is_sentinel(client),
+            tenant=tenant,
         )
         if client_kind(client) != "sync":
             raise TypeError(
@@ -192,6 +199,7 @@ class FairAllocator:
         bind: str | None = ...,
         blocking: Literal[True] = ...,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> Lease: ...
 
     @overload
@@ -203,6 +211,7 @@ class FairAllocator:
         bind: str | None = ...,
         blocking: bool,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> Lease | None: ...
 
     def acquire(
@@ -213,6 +222,7 @@ class FairAllocator:
         bind: str | None = None,
         blocking: bool = True,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> Lease | None:
         """Wait in line for a resource and lease it.
 
@@ -224,6 +234,13 @@ class FairAllocator:
         ``bind``: soft binding, a name that keeps getting the same resource
         while it is free. ``blocking=False`` returns a lease only if one can
         be granted at once without passing anyone waiting, else None.
+        ``tenant``: who the request is for (default: the allocator's
+        ``tenant``; ``""`` for none), at most 200 printable characters.
+        Under the pool's order ``"fifo"`` (the default) it is only recorded
+        and shown (``leases()``, ``status().tenants``); under ``"tenant"``
+        it decides the order of service: "every requester that queued
+        earlier" above is then every earlier requester of the same tenant,
+        and the tenants take turns by weight (docs/concepts.md#tenants).
 
         Uncontended, this is one round trip to Redis; a waiter is woken by a
         push to its signal list, never by polling the pool. With Redis
@@ -237,7 +254,7 @@ class FairAllocator:
         flow = self._waiting(
             reader,
             lambda cid, t0: self._pool.acquire(
-                timeout, ttl, bind, blocking, cid=cid, owner=owner, started=t0
+                timeout, ttl, bind, blocking, cid=cid, owner=owner, started=t0, tenant=tenant
             ),
             timeout,
         )
@@ -255,6 +272,7 @@ class FairAllocator:
         bind: str | None = None,
         keepalive: bool = False,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> Iterator[Lease]:
         """Acquire on entry, release on exit::
 
@@ -268,7 +286,7 @@ class FairAllocator:
         """
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
-        held = self.acquire(timeout, ttl=ttl, bind=bind, owner=owner)
+        held = self.acquire(timeout, ttl=ttl, bind=bind, owner=owner, tenant=tenant)
         keeper = _Keeper(self, held) if keepalive else None
         try:
             yield held
@@ -291,6 +309,7 @@ class FairAllocator:
         ttl: float | None = ...,
         blocking: Literal[True] = ...,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> list[Lease]: ...
 
     @overload
@@ -302,6 +321,7 @@ class FairAllocator:
         ttl: float | None = ...,
         blocking: bool,
         owner: str | None = ...,
+        tenant: str | None = ...,
     ) -> list[Lease] | None: ...
 
     def acquire_many(
@@ -312,6 +332,7 @@ class FairAllocator:
         ttl: float | None = None,
         blocking: bool = True,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> list[Lease] | None:
         """Wait in line for ``count`` distinct resources and lease them all
         at once: all or nothing.
@@ -322,8 +343,11 @@ class FairAllocator:
         fencing token, in one step; until then those behind it wait too,
         so a stream of single requests never starves it. Renew and release
         each lease on its own. ``timeout``, ``ttl`` and ``blocking`` mean
-        what they mean for ``acquire``, and so does ``owner`` (shown for
-        every lease by ``leases()``); a timeout or an interrupt leaves
+        what they mean for ``acquire``, and so do ``owner`` (shown for
+        every lease by ``leases()``) and ``tenant`` (under the order
+        ``"tenant"``, the request is its tenant's next turn once it is the
+        first of its tenant, and then, as at the head, nobody of any tenant
+        is served before it); a timeout or an interrupt leaves
         nothing behind. ``count`` larger than the pool raises
         ``ValueError``.
         """
@@ -331,7 +355,7 @@ class FairAllocator:
         flow = self._waiting(
             reader,
             lambda cid, t0: self._pool.acquire_many(
-                count, timeout, ttl, blocking, cid=cid, owner=owner, started=t0
+                count, timeout, ttl, blocking, cid=cid, owner=owner, started=t0, tenant=tenant
             ),
             timeout,
         )
@@ -349,6 +373,7 @@ class FairAllocator:
         ttl: float | None = None,
         keepalive: bool = False,
         owner: str | None = None,
+        tenant: str | None = None,
     ) -> Iterator[list[Lease]]:
         """``acquire_many`` on entry, release of every lease on exit::
 
@@ -362,7 +387,7 @@ class FairAllocator:
         """
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
-        held = self.acquire_many(count, timeout, ttl=ttl, owner=owner)
+        held = self.acquire_many(count, timeout, ttl=ttl, owner=owner, tenant=tenant)
         keepers = [_Keeper(self, lease) for lease in held] if keepalive else []
         try:
             yield held
@@ -541,6 +566,29 @@ class FairAllocator:
         already written stay until the pool is deleted. See the event log in
         docs/operations.md."""
         return self._drive(self._pool.set_events(maxlen))
+
+    def set_order(self, order: str) -> None:
+        """Set the pool's order, kept with the pool for every process that
+        uses it: ``"fifo"`` (the default) serves requests in arrival order;
+        ``"tenant"`` shares the resources fairly between the tenants the
+        requests name: when a resource frees, it goes to the first waiter of
+        the waiting tenant that has had the least service, weighted by
+        :meth:`set_tenant_weight` (start-time fair queueing over tenants;
+        within a tenant, arrival order). It changes who is served next,
+        never a grant already made. A switch to ``"tenant"`` indexes the
+        requests already waiting, in steps of a bounded script run each,
+        before it returns (``status().order`` says ``"building"``
+        meanwhile, and the queue is served in arrival order); a switch to
+        ``"fifo"`` is one call (docs/concepts.md#tenants)."""
+        return self._drive(self._pool.set_order(order))
+
+    def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Give ``tenant`` (``""``: requests that name none) a weight from
+        0.01 to 100 (default 1), kept with the pool: under the order
+        ``"tenant"`` each grant adds 1/weight to its tenant's count, so
+        under sustained load tenants are served in proportion to their
+        weights. It applies from the tenant's next grant on."""
+        return self._drive(self._pool.set_weight(tenant, weight))
 
     @property
     def events_key(self) -> str:

@@ -12,6 +12,7 @@ __all__ = [
     "PoolStats",
     "PoolStatus",
     "ResourceStatus",
+    "TenantStatus",
 ]
 
 
@@ -79,6 +80,33 @@ class PoolStatus:
     exists: bool = True
     #: Live leases whose holder is not connected (the sum over resources).
     absent_holders: int = 0
+    #: The pool's order (docs/concepts.md#tenants): ``"fifo"`` (arrival
+    #: order), ``"tenant"`` (fair shares between tenants), or
+    #: ``"building"`` while a switch to ``"tenant"`` indexes the waiters.
+    order: str = "fifo"
+    #: One row per tenant that waits, holds a lease, was granted or has a
+    #: weight, by name (``""``: requests that name none); empty while no
+    #: request of the pool named a tenant and the order is ``"fifo"``.
+    tenants: tuple[TenantStatus, ...] = ()
+
+
+@attrs.frozen
+class TenantStatus:
+    """One tenant of a pool (docs/concepts.md#tenants), a row of
+    :attr:`PoolStatus.tenants`. ``grants`` counts since the pool was made
+    (for ``""``, the pool's grants less those of named tenants).
+    ``count`` is the service it has had under the order ``tenant``, in
+    grants weighted by 1/``weight`` (a tenant that waits again is raised
+    to the least count of those waiting); 0 if it never had any."""
+
+    name: str
+    waiting: int = 0
+    leases: int = 0
+    grants: int = 0
+    weight: float = 1.0
+    count: float = 0.0
+    #: Seconds its first waiting request has waited (0.0 if none waits).
+    oldest_wait: float = 0.0
 
 
 @attrs.frozen
@@ -98,6 +126,8 @@ class LeaseInfo:
     holder_present: bool | None = None
     #: The holder's client id (a process, as ``clients()`` shows it).
     client: str = ""
+    #: The tenant the lease was acquired for (``""``: none named).
+    tenant: str = ""
 
 
 @attrs.frozen

@@ -1,7 +1,7 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[18] the caller's signal key.
+-- KEYS: the pool's keys (lua/README.md), then KEYS[21] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
 --       bind_ttl_ms (read only with a bind), owner (who holds the lease, for
 --       people: kept in the ticket's field `o`), reclaim ('1': the lease
@@ -9,7 +9,9 @@
 --       the ticket's field `e`; optional, '0' if left out), info (what the
 --       client says of itself on its first acquire in the pool:
 --       `<pid>|<version>|<host>`, kept with the time in RECS field
---       `i|<cid>` and removed with its liveness mark by gc; optional)
+--       `i|<cid>` and removed with its liveness mark by gc; optional),
+--       tenant (who the request is for: kept in the ticket's field `T`;
+--       optional, '' or left out for none; prelude_tenants.lua)
 -- Reply: {'granted', ticket, token, granted_us, deadline_ms, ttl_ms, resource}
 --      | {'queued', ticket, hint_ms}   hint_ms: when to look again, -1 for no hint
 --      | {'busy'}                      non-blocking, and it could not be granted now
@@ -38,6 +40,14 @@ if not (owner and alive and lid ~= '' and cid ~= '' and owner ~= '' and #lid <= 
     (bind ~= '' and (P:arg('acquire', 'bind', bind, 'text', 1024) or
       P:arg('acquire', 'bind_ttl_ms', bind_ttl, 'int', 1, 315360000000))) or
     P:arg('acquire', 'owner', owner, 'text', 200)
+  if bad then
+    return bad
+  end
+end
+
+local tenant = ARGV[11] or ''
+if tenant ~= '' then
+  local bad = P:tenant_arg('acquire', tenant)
   if bad then
     return bad
   end
@@ -90,6 +100,21 @@ if not ticket then
     -- The caller runs a call of its own: whatever absence a run found is
     -- over (as a heartbeat's, poll.lua), so its lease gets a whole grace.
     redis.call('HDEL', P.RECS, 'p|' .. cid)
+  end
+  if tenant ~= '' then
+    -- (tenants) the same entry, with its tenant; META `tu`: tenants are
+    -- named in this pool (status shows them).
+    local f = {'l', lid, 'c', cid, 't', ttl, 'o', owner}
+    if bind ~= '' then
+      f[9], f[10], f[11], f[12] = 'b', bind, 'B', bind_ttl
+    end
+    if reclaim then
+      f[#f + 1], f[#f + 2] = 'e', '1'
+    end
+    f[#f + 1], f[#f + 2] = 'T', tenant
+    ticket = redis.call('XADD', P.Q, '*', unpack(f))
+    redis.call('HSETNX', P.META, 'tu', '1')
+  elseif reclaim then
     if bind == '' then
       ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'e', '1')
     else
@@ -109,6 +134,9 @@ if not ticket then
     if bind ~= '' then
       t.b = bind
     end
+    if tenant ~= '' then
+      t.T = tenant
+    end
     L = P:grant(t, best, lid)
     if L then
       return P.lease_reply(L)
@@ -124,6 +152,10 @@ if not ticket then
       P:hint({id = ticket, l = lid, c = cid}, lid)
     end
     serve = false
+  end
+  if P.ord then
+    -- (tenant order) it waits: in its tenant's line, before anyone is served.
+    P:tenant_line('join', tenant, ticket)
   end
 end
 

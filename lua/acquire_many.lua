@@ -4,12 +4,13 @@
 -- prelude): at the head it waits until `count` resources are free at once,
 -- and those behind it wait too.
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[18] the caller's signal key.
+-- KEYS: the pool's keys (lua/README.md), then KEYS[21] the caller's signal key.
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), count, owner (who
 --       holds the leases, for people: the field `o` of every entry of the
 --       request, so that leases() shows it for each lease), reclaim (as
 --       acquire's: optional, '1' in the field `e` of the request's head),
---       info (as acquire's: optional)
+--       info (as acquire's: optional), tenant (as acquire's: optional, in
+--       the field `T` of every entry of the request)
 -- Lease ids: lid for the first resource, `<lid>.<i>` for resource i.
 -- Reply: {'granted_many', ticket1, token1, granted_us1, deadline_ms1, ttl_ms1, resource1,
 --         ticket2, ...}                  count leases, in the order granted
@@ -32,6 +33,11 @@ if bad then
 end
 n = tonumber(n)
 local reclaim = ARGV[8] == '1' and string.sub(cid, 1, 2) == 'p.'
+local tenant = ARGV[10] or ''
+bad = P:tenant_arg('acquire_many', tenant)
+if bad then
+  return bad
+end
 if ARGV[9] and ARGV[9] ~= '' then
   bad = P:arg('acquire_many', 'info', ARGV[9], 'text', 512)
   if bad then
@@ -83,16 +89,36 @@ if not ticket then
   if reclaim then
     -- As acquire's.
     redis.call('HDEL', P.RECS, 'p|' .. cid)
+  end
+  if tenant ~= '' then
+    -- (tenants) as acquire's: the same entries, with their tenant.
+    if reclaim then
+      ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n,
+        'e', '1', 'T', tenant)
+    else
+      ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n,
+        'T', tenant)
+    end
+    for i = 2, n do
+      redis.call('XADD', P.Q, '*', 'l', P.many_id(lid, i), 'c', cid, 'o', owner, 'x', '1',
+        'T', tenant)
+    end
+    redis.call('HSETNX', P.META, 'tu', '1')
+  elseif reclaim then
     ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n,
       'e', '1')
   else
     ticket = redis.call('XADD', P.Q, '*', 'l', lid, 'c', cid, 't', ttl, 'o', owner, 'n', n)
   end
-  for i = 2, n do
+  for i = 2, tenant == '' and n or 1 do
     redis.call('XADD', P.Q, '*', 'l', P.many_id(lid, i), 'c', cid, 'o', owner, 'x', '1')
   end
   if n > 1 then
     P:extras(n - 1)
+  end
+  if P.ord then
+    -- (tenant order) it waits: in its tenant's line, before anyone is served.
+    P:tenant_line('join', tenant, ticket)
   end
 end
 

@@ -2,7 +2,7 @@
 -- It leaves the queue; a grant that raced in is ended and passed on to the
 -- next waiter in this same run, so that nothing leaks.
 --
--- KEYS: the pool's keys, then KEYS[18] the caller's signal key (its client's).
+-- KEYS: the pool's keys, then KEYS[21] the caller's signal key (its client's).
 -- ARGV: lid, count (a waiter of acquire_many: how many resources it asked
 --       for; its leases are `<lid>.<i>` besides lid, its place-holder
 --       entries follow its ticket)
@@ -53,6 +53,10 @@ elseif raw then
       redis.call('XDEL', P.Q, e[1])
       P:extras(-1)
     end
+  end
+  if P.ord then
+    -- (tenant order) out of its tenant's line too (the ticket names it).
+    P:tenant_line('leave', nil, ticket)
   end
   redis.call('XDEL', P.Q, ticket)
   redis.call('HDEL', P.RECS, lid)

@@ -15,7 +15,7 @@ if bad then
 end
 local force = ARGV[1] == '1'
 
-if redis.call('EXISTS', unpack(KEYS, 1, 16)) == 0 then
+if redis.call('EXISTS', unpack(KEYS, 1, 19)) == 0 then
   return {'absent'}
 end
 P:maintain()
@@ -54,5 +54,5 @@ local marks = redis.call('ZRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now)
 for _, cid in ipairs(marks) do
   redis.call('DEL', P.SIG .. cid)
 end
-redis.call('DEL', unpack(KEYS, 1, 16))
+redis.call('DEL', unpack(KEYS, 1, 19))
 return {'deleted', revoked, waiters}

@@ -58,7 +58,7 @@ local repaired = 0
 -- 0. Keys of another type make every script fail (WRONGTYPE); only the
 -- pool's operator can tell what to do with them.
 local types = {'hash', 'hash', 'hash', 'zset', 'zset', 'stream', 'hash', 'zset', 'hash', 'zset',
-  'zset', 'zset', 'zset', 'zset', 'hash', 'stream'}
+  'zset', 'zset', 'zset', 'zset', 'hash', 'stream', 'zset', 'zset', 'hash'}
 for i, want in ipairs(types) do
   local got = redis.call('TYPE', KEYS[i])
   got = type(got) == 'table' and got.ok or got
@@ -70,9 +70,28 @@ end
 
 -- Damaged fields of META and STATS.
 local m = redis.call('HMGET', P.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg', 'xw',
-  'bhit', 'bmiss', 'wseq', 'epoch')
+  'bhit', 'bmiss', 'wseq', 'epoch', 'ord', 'oo', 'oc')
+-- (The tenant order, prelude_tenants.lua: an order no script writes is
+-- fifo; a damaged `oo` is the last ticket now, so that P:peek steps over
+-- every granted one; a damaged build cursor restarts the build.)
+if m[12] and m[12] ~= 't' and m[12] ~= 'b' and m[12] ~= 'f' then
+  redis.call('HDEL', P.META, 'ord', 'oc')
+  m[12], m[14] = false, false
+  repaired = repaired + 1
+end
+if m[13] and not P.is_id(m[13]) then
+  local last = redis.call('XREVRANGE', P.Q, '+', '-', 'COUNT', 1)[1]
+  redis.call('HSET', P.META, 'oo', last and last[1] or '0-0')
+  repaired = repaired + 1
+end
+if m[14] and not P.is_id(m[14]) then
+  redis.call('HDEL', P.META, 'oc')
+  repaired = repaired + 1
+end
 if m[1] and not P.is_id(m[1]) then
-  redis.call('HSET', P.META, 'ld', P:last_granted())
+  -- (Under the tenant order, or after it, grants left queue order: the
+  -- start of the queue, where P:peek steps over the granted tickets.)
+  redis.call('HSET', P.META, 'ld', (m[12] or m[13]) and '0-0' or P:last_granted())
   repaired = repaired + 1
 end
 for i = 2, 3 do
@@ -191,6 +210,10 @@ local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
 -- clients that P:sweep finds with it) is not gone yet: the reply says when
 -- the last of those graces ends.
 local absent_until = 0
+-- (The tenant order, or after it: granted tickets lie after `ld`. From `ld`
+-- on, up to the first waiting ticket, `ld` moves past them; and under it,
+-- every waiting ticket is in the index: one that is not (damage) joins it.)
+local lead = from == P.ld and (P.ord == 't' or P.oo) and from
 for _, e in ipairs(entries) do
   local t = P.ticket_of(e)
   local live, at = false, nil
@@ -202,6 +225,23 @@ for _, e in ipairs(entries) do
   elseif at and at > absent_until then
     absent_until = at
   end
+  if P.ord or lead then
+    local raw = t.l and redis.call('HGET', P.RECS, t.l)
+    if lead and (not live or (raw and string.sub(raw, 1, #e[1] + 3) == 'L|' .. e[1] .. '|')) then
+      lead = e[1]
+    elseif lead then
+      if lead ~= P.ld then
+        redis.call('HSET', P.META, 'ld', lead)
+      end
+      lead = false
+    end
+    if P.ord and live and raw == 'W|' .. e[1] then
+      P:tenant_line('join', t.T or '', e[1], true)
+    end
+  end
+end
+if lead and lead ~= P.ld then
+  redis.call('HSET', P.META, 'ld', lead)
 end
 if #entries >= count then
   next_q = entries[#entries][1]

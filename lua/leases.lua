@@ -10,13 +10,14 @@
 -- ARGV: after (the member the last page ended on; '' for the first page),
 --       count (index members per page)
 -- Reply: {'leases', now_us, next ('' : the last page), resource1, token1,
---         owner1, granted_us1, deadline_ms1, present1, client1, resource2,
---         ...}
+--         owner1, granted_us1, deadline_ms1, present1, client1, tenant1,
+--         resource2, ...}
 --        present: 1 if the holder's client is connected (its presence
 --        channel has a subscriber), 0 if not (gone, or reconnecting), -1 if
 --        nobody can tell (a client without a presence, or a server or ACL
 --        that cannot count subscribers); client: the holder's client id
---        (clients.lua shows the client)
+--        (clients.lua shows the client); tenant: the ticket's field `T`
+--        ('' for none, prelude_tenants.lua)
 -- Errors: ALLOCATOR-ARG (a bad count), ALLOCATOR-CORRUPT naming RECS, for a
 --         live lease's record that is damaged (gc removes it)
 local after, count = ARGV[1], ARGV[2]
@@ -40,11 +41,16 @@ for _, member in ipairs(held) do
   end
   if L and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
     local e = redis.call('XRANGE', P.Q, L.ticket, L.ticket)[1]
-    local owner = e and P.ticket_of(e).o or ''
+    local t = e and P.ticket_of(e) or {}
+    local owner, tenant = t.o or '', t.T or ''
     if not P.utf8(owner) then
       -- For people only, and not checked on the way in (acquire's hot
       -- path): shown as '?' rather than break the reply's decoding.
       owner = '?'
+    end
+    if not P.utf8(tenant) then
+      -- (Checked on the way in: only a ticket written by hand.)
+      tenant = '?'
     end
     out[#out + 1] = L.res
     out[#out + 1] = L.token
@@ -53,6 +59,7 @@ for _, member in ipairs(held) do
     out[#out + 1] = L.deadline
     out[#out + 1] = P:presence_of(L.cid)
     out[#out + 1] = L.cid
+    out[#out + 1] = tenant
   end
 end
 return out

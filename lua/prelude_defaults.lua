@@ -51,6 +51,12 @@ P.reclaimed, P.dropped, P.more = 0, 0, false
 P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
 -- The length of the pool's event log (META `ev`), false while it is off.
 P.ev = false
+-- The pool's order (META `ord`, prelude_tenants.lua): false for `fifo`, 't'
+-- for `tenant`; 'b' while the tenant index is being built, 'f' back under
+-- `fifo` until it empties (both served in queue order); `oo`: the last
+-- ticket that may have been granted out of queue order (META `oo`, set when
+-- the order went back to fifo), false if none.
+P.ord, P.oo = false, false
 -- A released resource kept aside for the queue head (P:settle).
 P.spare = false
 -- Set by a reader's heartbeat: dispatch looks at the head even when

@@ -43,6 +43,10 @@ function P:grant(t, best, self_lid)
     return nil
   end
   self:deliver(t.id)
+  if t.T or self.ord then
+    -- (tenants) the grant counts for its tenant (prelude_tenants.lua).
+    self:tenant_line('grant', t.T or '', t.id)
+  end
   self:unhint(t.l)
   -- The floor is the common case; a second grant in the same microsecond
   -- (capacity > 1) takes the next number.
@@ -110,6 +114,11 @@ end
 -- `waits`: the caller has just found that tickets wait (P:waiting).
 function P:dispatch(self_lid, waits)
   local L = self:serve(self_lid, waits)
+  if L and self.ord == 't' then
+    -- (tenant order) the caller is not last in line: others may be served
+    -- too, after it.
+    self:serve(nil)
+  end
   if self.spare then
     self:unspare()
   end
@@ -144,7 +153,13 @@ function P:serve(self_lid, waits)
     if not best and not self_lid and not self.look and self.nh > self.now + self.HORIZON_MS then
       return nil
     end
-    local t = self:peek()
+    local t
+    if self.ord == 't' then
+      -- (tenant order) the first waiter of the tenant served least.
+      t = self:tenant_next()
+    else
+      t = self:peek()
+    end
     if not t then
       return nil
     end
@@ -167,10 +182,15 @@ function P:serve(self_lid, waits)
         return nil
       end
       if not self:drop(t) then
-        -- A granted ticket after `ld` (`ld` was damaged, or set back by
-        -- hand): it was delivered, so the queue's head is after it.
-        self.ld = t.id
-        redis.call('HSET', self.META, 'ld', t.id)
+        if self.ord == 't' then
+          -- (tenant order) a granted ticket left in the index: out of it.
+          self:tenant_line('leave', t.T or '', t.id)
+        else
+          -- A granted ticket after `ld` (`ld` was damaged, or set back by
+          -- hand): it was delivered, so the queue's head is after it.
+          self.ld = t.id
+          redis.call('HSET', self.META, 'ld', t.id)
+        end
       end
       drops = drops + 1
     elseif gone_at and not best then

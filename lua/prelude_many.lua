@@ -51,6 +51,10 @@ function P:grant_many(t, self_lid)
     redis.call('XDEL', self.Q, t.id)
     redis.call('HDEL', self.RECS, t.l)
     self:unhint(t.l)
+    if self.ord then
+      -- (tenant order) out of its tenant's line too.
+      self:tenant_line('leave', t.T or '', t.id)
+    end
     return nil
   end
   local mine = t.l == self_lid

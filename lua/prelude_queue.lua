@@ -12,7 +12,8 @@
 function P:meta()
   if not self.ld then
     -- (The hint first: the reply is kept as `hinted`, {tag, key, msg}.)
-    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh', 'ev')
+    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh', 'ev',
+      'ord', 'oo')
     self.ld = m[4] or '0-0'
     local nd, nh = tonumber(m[5] or 0), tonumber(m[6] or 0)
     self.nd = nd and nd <= 1e15 and nd or 0
@@ -20,6 +21,11 @@ function P:meta()
     if m[7] then
       -- (Set only when on: a field of P costs every run that sets it.)
       self.ev = string.find(m[7], '^[1-9]%d?%d?%d?%d?%d?%d?%d?$') and m[7] or false
+    end
+    if m[8] or m[9] then
+      -- (The tenant order, prelude_tenants.lua: set only where it is used.)
+      self.ord = (m[8] == 't' or m[8] == 'b' or m[8] == 'f') and m[8] or false
+      self.oo = m[9] and self.is_id(m[9]) and m[9] or false
     end
     if m[1] and not (m[2] and m[3] and string.sub(m[2], 1, #self.SIG) == self.SIG) then
       m[1] = false
@@ -66,6 +72,12 @@ function P:last_granted()
     end
     p = redis.call('XPENDING', self.Q, 'g')
   end
+  -- (tenant order: tickets were granted out of queue order, so the last
+  -- pending one may lie past waiting ones; the start of the queue is safe,
+  -- P:peek steps over the granted ones.)
+  if self.ord or self.oo then
+    return '0-0'
+  end
   return p[3] or '0-0'
 end
 
@@ -101,6 +113,10 @@ function P:peek()
     e = redis.call('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
   end
   e = e[1]
+  if e and (self.ord == 't' or self.oo) then
+    -- (tenant order) granted tickets lie after `ld`: stepped over.
+    e = self:tenant_skip(e)
+  end
   return e and self.ticket_of(e)
 end
 
@@ -116,8 +132,19 @@ function P:deliver(id)
     redis.call('XGROUP', 'CREATE', self.Q, 'g', '0', 'MKSTREAM')
     redis.call('XCLAIM', self.Q, 'g', 'd', '0', id, 'FORCE', 'JUSTID')
   end
+  if self.ord == 't' then
+    -- (tenant order) grants leave queue order: `ld` stays where every
+    -- ticket before it is granted (prelude_tenants.lua).
+    return
+  end
   self.ld = id
   redis.call('HSET', self.META, 'ld', id)
+  if self.oo and not self.id_after(self.oo, id) then
+    -- (After the tenant order) past the last ticket it may have granted
+    -- out of queue order: P:peek need not step over any more.
+    self.oo = false
+    redis.call('HDEL', self.META, 'oo')
+  end
 end
 
 -- The waiter `lid` stops being the hinted head (granted, dropped, left):
@@ -208,6 +235,14 @@ end
 -- The head `t` waits for its absent client's grace to end at `at`: the
 -- ticket behind it is told to look again then (the caller by its reply).
 function P:hint_next(t, at, self_lid)
+  if self.ord == 't' then
+    -- (tenant order) whoever the index serves after it.
+    local nt = self:tenant_next(t)
+    if nt then
+      self:hint(nt, self_lid, at)
+    end
+    return
+  end
   local e = redis.call('XRANGE', self.Q, '(' .. t.id, '+', 'COUNT', 1)[1]
   if e then
     self:hint(self.ticket_of(e), self_lid, at)
@@ -237,6 +272,10 @@ function P:drop(t)
   end
   if t.l then
     self:unhint(t.l)
+  end
+  if self.ord then
+    -- (tenant order) out of its tenant's line too.
+    self:tenant_line('leave', t.T or '', t.id)
   end
   self.dropped = self.dropped + 1
   self:note('dropped', 1)

@@ -31,11 +31,12 @@ do
     META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
     Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
     ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
-    -- (KEYS[16], the event log, is named where it is written: P:event.)
-    SIG = KEYS[17],
+    -- (KEYS[16], the event log, is named where it is written: P:event;
+    -- KEYS[17] to KEYS[19], the tenant index, by P:tkey.)
+    SIG = KEYS[20],
     -- The caller's own signal list, where a script declares it (acquire,
     -- poll, cancel).
-    OWN = KEYS[18],
+    OWN = KEYS[21],
     records = {},
     now_us = us, now = math.floor(us / 1000), now_s = t[1] .. string.sub('00000' .. t[2], -6),
   }

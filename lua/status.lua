@@ -11,7 +11,10 @@
 --
 -- ARGV: cursor ('0' for the first page), count (resources per page, a hint)
 -- Reply: {'status', now_us, exists (0 | 1), waiting, oldest_wait_ms, bindings,
---         bind_hits, bind_misses, next_cursor ('0': the last page),
+--         bind_hits, bind_misses, order ('fifo' | 'tenant' | 'building':
+--         the tenant index is being built, prelude_tenants.lua), tenants (1:
+--         requests name tenants here, or the order is not fifo: tenants.lua
+--         shows them; else 0), next_cursor ('0': the last page),
 --         name1, record1, stale1, absent1, name2, ...}
 --        records as in lua/README.md; stale: leases of that resource past
 --        their deadline and not yet reclaimed; absent: its live leases whose
@@ -27,8 +30,11 @@ if bad then
   return bad
 end
 
-local exists = redis.call('EXISTS', unpack(KEYS, 1, 15))
-local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss', 'xw')
+local exists = redis.call('EXISTS', unpack(KEYS, 1, 15)) +
+  redis.call('EXISTS', KEYS[17], KEYS[18], KEYS[19])
+local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss', 'xw', 'tu')
+P:meta()
+local order = P.ord == 't' and 'tenant' or (P.ord == 'b' and 'building' or 'fifo')
 -- Figures of META the scripts only add to; a damaged one reads as 0.
 local function figure(v)
   return v and #v < 16 and string.find(v, '^-?%d+$') and tonumber(v) or 0
@@ -49,7 +55,7 @@ local page = redis.call('HSCAN', P.RES, cursor, 'COUNT', count)
 local out = {
   'status', P.now_s, exists > 0 and 1 or 0, waiting, oldest,
   redis.call('ZCOUNT', P.BEXP, '(' .. P.now, '+inf'), figure(meta[1]), figure(meta[2]),
-  page[1],
+  order, (meta[4] or P.ord) and 1 or 0, page[1],
 }
 local rows = page[2]
 for i = 1, #rows, 2 do

@@ -425,7 +425,7 @@ def test_a_cluster_client_keeps_its_presence_on_the_slots_master(env: Env) -> No
     holder, waiter = env.pool(name), env.pool(name)
     holder.extend(["r"])
     held = holder.acquire(timeout=5)
-    job = Job(lambda: waiter.acquire(timeout=30), env)
+    job = Job(lambda: waiter.acquire(timeout=30, tenant="w"), env)
     wait_until(lambda: waiting(holder) == 1, what="the waiter queued")
     wait_until(lambda: len(presence_channels(node, name)) == 2, what="both present there")
     assert all(presence_channels(n, name) == [] for n in env.cluster.nodes if n != node)
@@ -517,7 +517,7 @@ def test_slot_moves_while_a_waiter_blocks(env: Env) -> None:
     held = holder.acquire(blocking=False)
     spare = holder.acquire(blocking=False)
     assert held is not None and spare is not None
-    job = Job(lambda: waiter.acquire(timeout=30), env)
+    job = Job(lambda: waiter.acquire(timeout=30, tenant="w"), env)
     wait_until(lambda: waiting(holder) == 1, what="the waiter queued")
     wait_until(lambda: source.blocked_on() >= 1, what="the waiter blocked on the source")
     source.client.config_resetstat()
@@ -732,6 +732,10 @@ def run_step(env: Env, pool: Any, step: Any) -> Any:
 
 def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None:
     assert admin.extend(["r"]) == 1  # extend
+    # set_order, set_weight: the rest runs under the order "tenant", so that
+    # the tenant index (keys 17 to 19) is written too.
+    admin.set_order("tenant")
+    admin.set_tenant_weight("w", 2)
     admin.bind("w", "r")  # bind
     assert admin.unbind("w") is True  # unbind
     (one,) = admin.acquire_many(1, timeout=5)  # acquire_many
@@ -739,7 +743,7 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     held = admin.acquire(blocking=False, bind="w")  # acquire
     assert held is not None
     held = admin.renew(held)  # renew
-    job = Job(lambda: waiter.acquire(timeout=30), env)
+    job = Job(lambda: waiter.acquire(timeout=30, tenant="w"), env)
     wait_until(lambda: waiting(admin) == 1, what="the waiter queued")
     wait_until(lambda: node.blocked_on() >= 1, what="the waiter blocked")
     # Released into a short quarantine: the head of the queue gets a hint
@@ -749,7 +753,7 @@ def exercise_every_script(env: Env, admin: Any, waiter: Any, node: Node) -> None
     got = job.result(10, "the waiter's acquire")
     with pytest.raises(AcquireTimeout):
         admin.acquire(timeout=0.05)  # cancel, on the way out
-    assert admin.status().leased == 1  # status
+    assert admin.status().leased == 1  # status (and tenants)
     admin.gc()  # gc
     assert [info.resource for info in admin.leases()] == ["r"]  # leases
     assert sum(c.leases for c in admin.clients()) == 1  # clients

@@ -105,8 +105,8 @@ class Ctx:
         """Valid arguments of each operation that takes some."""
         lease = self.lease
         return {
-            "acquire": ["newlid", "cid1", "60000", "5000", "1", "", "3600000", "me", "0", ""],
-            "acquire_many": ["newlid", "cid1", "60000", "5000", "1", "2", "me", "0", ""],
+            "acquire": ["newlid", "cid1", "60000", "5000", "1", "", "3600000", "me", "0", "", ""],
+            "acquire_many": ["newlid", "cid1", "60000", "5000", "1", "2", "me", "0", "", ""],
             "poll": ["newlid", "cid1", "5000", "", "2"],
             "present": ["p.cid1"],
             "cancel": ["newlid", "1"],
@@ -121,6 +121,9 @@ class Ctx:
             "gc": ["0-0", "", "0", "100"],
             "revoke": ["res", "a", ""],
             "clients": ["", "10"],
+            "set_order": ["tenant", "100"],
+            "set_weight": ["t1", "2.5"],
+            "tenants": ["", "10"],
         }
 
     def cycle(self) -> None:
@@ -251,6 +254,17 @@ BAD: list[Case] = [
     case("gc", {1: "x"}, "queue_cursor"),
     *[case("gc", {2: v}, "res_cursor") for v in ("abc", "-1", "1" * 20)],
     *[case("gc", {3: v}, "count") for v in ("0", "1001", "abc")],
+    *[case("acquire", {10: v}, "tenant") for v in ("x" * 201, "a\x01", "a\nb", b"\xff")],
+    *[case("acquire_many", {9: v}, "tenant") for v in ("x" * 201, "\x00", b"a\xc3")],
+    *[case("set_order", {0: v}, "order") for v in ("lifo", "", "FIFO", None)],
+    *[case("set_order", {1: v}, "count") for v in ("0", "1001", "abc", None)],
+    *[case("set_weight", {0: v}, "tenant") for v in ("x" * 201, "a\x00", None)],
+    *[
+        case("set_weight", {1: v}, "weight")
+        for v in ("0", "0.001", "101", "-1", "abc", "nan", "inf", "0x10", " 2", "", None)
+    ],
+    *[case("tenants", {0: v}, "cursor") for v in ("z", "q1-", "hx", "h" + "1" * 20)],
+    *[case("tenants", {1: v}, "count") for v in ("0", "10001", "abc")],
 ]
 
 

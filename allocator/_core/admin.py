@@ -8,7 +8,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .._values import ClientInfo, GCReport, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
+from .._values import (
+    ClientInfo,
+    GCReport,
+    LeaseInfo,
+    PoolStats,
+    PoolStatus,
+    ResourceStatus,
+    TenantStatus,
+)
 from ..errors import AllocatorError, SeveralLeases, UnknownResource
 from .base import PoolBase
 from .checks import (
@@ -19,10 +27,13 @@ from .checks import (
     MAX_TOKEN,
     _int,
     _ms,
+    _order,
     _resources,
     _seconds,
     _shown,
+    _tenant,
     _text,
+    _weight,
 )
 from .clients import clients_of
 from .keys import KEY_SUFFIXES
@@ -46,6 +57,12 @@ GC_GRACE_SLACK = 0.05
 #: run blocks the server for more than about 3 ms however large the pool
 #: (docs/scripts/status_stall.py).
 PAGE = 250
+#: Tickets of the queue indexed per script run when the order turns to
+#: ``tenant`` (lua/set_order.lua): about what a gc step reads.
+ORDER_STEP = 200
+#: A tenant's count, as the scripts keep it: this many units a grant at
+#: weight 1 (lua/prelude_tenants.lua).
+TENANT_UNIT = 10_000
 
 
 class Admin(PoolBase):
@@ -126,7 +143,7 @@ class Admin(PoolBase):
         (lua/status.lua), so that no run blocks the server for long however
         large the pool; the header (queue, bindings) is the first page's."""
         yield from self._check_policy()
-        head: list[int] | None = None
+        head: tuple[list[int], str, bool] | None = None
         rows: dict[str, ResourceStatus] = {}
         cursor = "0"
         while True:
@@ -137,7 +154,8 @@ class Admin(PoolBase):
             rows.update((row.name, row) for row in page)
             if cursor == "0":
                 break
-        now_us, exists, waiting, oldest_ms, bindings, hits, misses = head
+        (now_us, exists, waiting, oldest_ms, bindings, hits, misses), order, named = head
+        tenants = (yield from self._tenants()) if named else ()
         shown = sorted(rows.values(), key=lambda row: row.name)
         return PoolStatus(
             name=self.name,
@@ -153,18 +171,24 @@ class Admin(PoolBase):
             oldest_wait=oldest_ms / 1000,
             exists=exists == 1,
             absent_holders=sum(row.absent_holders for row in shown),
+            order=order,
+            tenants=tenants,
         )
 
     @staticmethod
-    def _status_page(reply: Any) -> tuple[list[int], str, list[ResourceStatus]]:
-        """One page of status.lua: its header, the next cursor, its rows."""
+    def _status_page(
+        reply: Any,
+    ) -> tuple[tuple[list[int], str, bool], str, list[ResourceStatus]]:
+        """One page of status.lua: its header (the figures, the order,
+        whether requests name tenants), the next cursor, its rows."""
         tag, rest = _tagged("status", reply)
-        if tag != "status" or len(rest) < 8 or (len(rest) - 8) % 4:
+        if tag != "status" or len(rest) < 10 or (len(rest) - 10) % 4:
             raise _unexpected("status", reply)
         head = [int(x) for x in rest[:7]]
+        order, named = _decode(rest[7]), int(rest[8]) == 1
         now_ms = head[0] // 1000
         rows = []
-        for i in range(8, len(rest), 4):
+        for i in range(10, len(rest), 4):
             name, record = _decode(rest[i]), _decode(rest[i + 1])
             cap, score, used, _fence, state, until, _stamp, rc, rw, _rv = record.split("|")
             # The script wrote nothing: what a writer would handle first is
@@ -191,7 +215,90 @@ class Admin(PoolBase):
                     absent_holders=int(rest[i + 3]),
                 )
             )
-        return head, _decode(rest[7]), rows
+        return (head, order, named), _decode(rest[9]), rows
+
+    def _tenants(self) -> Flow[tuple[TenantStatus, ...]]:
+        """The pool's tenants (lua/tenants.lua: a page of the queue, then of
+        the tenants' figures, per script run), by name."""
+        found: dict[str, dict[str, Any]] = {}
+        total = [0, 0]  # the pool's grants, the server time (ms)
+
+        def parse(reply: Any) -> str:
+            tag, rest = _tagged("tenants", reply)
+            if tag != "tenants" or len(rest) < 3 or (len(rest) - 3) % 5:
+                raise _unexpected("tenants", reply)
+            total[0], total[1] = int(rest[2]), int(rest[0]) // 1000
+            for i in range(3, len(rest), 5):
+                kind, name, a, b, c = (_decode(x) for x in rest[i : i + 5])
+                row = found.setdefault(name, {"waiting": 0, "leases": 0, "first": None})
+                if kind == "q":
+                    row["waiting"] += int(a)
+                    row["leases"] += int(b)
+                    if c and row["first"] is None:
+                        row["first"] = int(c.partition("-")[0])
+                elif kind == "g":
+                    row["grants"] = int(a)
+                elif kind == "w":
+                    row["weight"] = float(a)
+                elif kind == "c":
+                    row["count"] = int(a, 16) / TENANT_UNIT
+            return _decode(rest[1])
+
+        cursor = ""
+        for _ in range(1_000_000):
+            cursor = yield from self._single(Call("tenants", self.keys, (cursor, PAGE), parse))
+            if not cursor:
+                break
+        named = sum(row.get("grants", 0) for name, row in found.items() if name)
+        if "" in found or total[0] > named:
+            found.setdefault("", {"waiting": 0, "leases": 0, "first": None})
+            found[""]["grants"] = max(total[0] - named, 0)
+        now_ms = total[1]
+        return tuple(
+            TenantStatus(
+                name=name,
+                waiting=row["waiting"],
+                leases=row["leases"],
+                grants=row.get("grants", 0),
+                weight=row.get("weight", 1.0),
+                count=row.get("count", 0.0),
+                oldest_wait=0.0 if row["first"] is None else max(now_ms - row["first"], 0) / 1000,
+            )
+            for name, row in sorted(found.items())
+        )
+
+    def set_order(self, order: object) -> Flow[None]:
+        """The pool's order (lua/set_order.lua): a switch to ``tenant``
+        builds the index of the waiting tickets in bounded steps, each one
+        script run, until it is whole."""
+        wanted = _order(order)
+
+        def parse(reply: Any) -> str:
+            tag, rest = _tagged("set_order", reply)
+            if tag != "order" or len(rest) != 1:
+                raise _unexpected("set_order", reply)
+            return _decode(rest[0])
+
+        yield from self._check_policy()
+        # Each step indexes GC_COUNT more tickets of the queue, which only
+        # grows so far: a queue that grows faster than that is rare, and
+        # the loop is bounded all the same.
+        for _ in range(1_000_000):
+            got = yield from self._single(Call("set_order", self.keys, (wanted, ORDER_STEP), parse))
+            if got != "building":
+                return
+        raise AllocatorError(f"pool {self.name!r}: the switch to the order {wanted!r} did not end")
+
+    def set_weight(self, tenant: object, weight: object) -> Flow[None]:
+        name = _tenant(tenant)
+        number = _weight(weight)
+
+        def parse(reply: Any) -> None:
+            tag, rest = _tagged("set_weight", reply)
+            if tag != "weight" or rest:
+                raise _unexpected("set_weight", reply)
+
+        return self._single(Call("set_weight", self.keys, (name, repr(number)), parse))
 
     def leases(self) -> Flow[tuple[LeaseInfo, ...]]:
         """Every live lease, read a page of the lease index per script run
@@ -199,12 +306,12 @@ class Admin(PoolBase):
 
         def parse(reply: Any) -> tuple[str, list[LeaseInfo]]:
             tag, rest = _tagged("leases", reply)
-            if tag != "leases" or len(rest) < 2 or (len(rest) - 2) % 7:
+            if tag != "leases" or len(rest) < 2 or (len(rest) - 2) % 8:
                 raise _unexpected("leases", reply)
             out = []
-            for i in range(2, len(rest), 7):
-                resource, token, owner, granted_us, deadline_ms, present, cid = (
-                    _decode(x) for x in rest[i : i + 7]
+            for i in range(2, len(rest), 8):
+                resource, token, owner, granted_us, deadline_ms, present, cid, tenant = (
+                    _decode(x) for x in rest[i : i + 8]
                 )
                 out.append(
                     LeaseInfo(
@@ -215,6 +322,7 @@ class Admin(PoolBase):
                         expires_at=int(deadline_ms) / 1000,
                         holder_present=None if int(present) < 0 else int(present) == 1,
                         client=cid,
+                        tenant=tenant,
                     )
                 )
             return _decode(rest[1]), out

@@ -24,6 +24,7 @@ from .checks import (
     _int,
     _ms,
     _seconds,
+    _tenant,
     _text,
 )
 from .keys import KEY_SUFFIXES, _escape
@@ -85,6 +86,9 @@ class PoolBase:
     #: (docs/concepts.md#dead-holders-reclaim_on_disconnect; off by
     #: default): the acquires say so to the scripts.
     reclaim_on_disconnect: bool = False
+    #: The tenant of this allocator's requests that name none
+    #: (docs/concepts.md#tenants; ``""``: no tenant).
+    tenant: str = ""
     _policy_checked: bool = attrs.field(default=False, repr=False)
     #: The client ids that said who they are in this pool (their first
     #: acquire here: allocator/_core/clients.py).
@@ -102,6 +106,7 @@ class PoolBase:
         replica_timeout: object = 0.5,
         sentinel: bool = False,
         reclaim_on_disconnect: object = False,
+        tenant: object = "",
     ) -> Self:
         """``sentinel``: the client is Sentinel-managed (the shell tells)."""
         name = _text("name", name, MAX_NAME)
@@ -123,6 +128,7 @@ class PoolBase:
             call_budget=FAILOVER_BUDGET if sentinel else RETRY_BUDGET,
             try_budget=RETRY_BUDGET if sentinel else None,
             reclaim_on_disconnect=reclaim_on_disconnect,
+            tenant=_tenant(tenant),
         )
 
     # -- replicas -------------------------------------------------------------

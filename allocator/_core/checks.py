@@ -152,3 +152,48 @@ def _clean(text: str) -> str:
 
 def _owner(value: object) -> str:
     return default_owner() if value is None else _text("owner", value, MAX_NAME)
+
+
+#: The longest tenant name (docs/concepts.md#tenants).
+MAX_TENANT = 200
+
+#: The pool orders (docs/concepts.md#tenants): arrival order, or fair
+#: shares between tenants.
+ORDERS = ("fifo", "tenant")
+
+#: The bounds of a tenant's weight: each grant adds 1/weight to its count.
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
+
+
+def _tenant(value: object, name: str = "tenant") -> str:
+    """A tenant: a str of at most :data:`MAX_TENANT` printable characters;
+    ``""`` is the tenant of requests that name none."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if len(value) > MAX_TENANT:
+        raise ValueError(f"{name} must be at most {MAX_TENANT} characters long, got {len(value)}")
+    if not value.isprintable():
+        raise ValueError(f"{name} must be printable text (no control characters): {value[:50]!r}")
+    return value
+
+
+def _order(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"order must be a str, not {type(value).__name__}")
+    if value not in ORDERS:
+        raise ValueError(f"order must be 'fifo' or 'tenant', got {value[:50]!r}")
+    return value
+
+
+def _weight(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"weight must be a number, not {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    if not MIN_WEIGHT <= number <= MAX_WEIGHT:  # also NaN and inf
+        raise ValueError(
+            f"weight must be a number from {MIN_WEIGHT} to {MAX_WEIGHT:g}, got {_shown(value)}"
+        )
+    return number

@@ -12,7 +12,7 @@ from .replies import _decode
 
 KEY_SUFFIXES = (
     "meta", "res", "gone", "free", "park", "q", "recs", "exp", "bind", "bexp", "alive", "rlog",
-    "pick", "held", "stats", "events",
+    "pick", "held", "stats", "events", "tw", "tq", "tenants",
 )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import attrs
 from .._values import Lease
 from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
-from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
+from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _tenant, _text, _timeout
 from .clients import client_info
 from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
 from .pending import RIDE_OUT, cancel_end, end_key, release_end, renew_budget
@@ -46,21 +46,26 @@ class Leasing(PoolBase):
         cid: str,
         owner: object = None,
         started: float | None = None,
+        tenant: object = None,
     ) -> Acquire:
         """Check the arguments and build an acquire: its steps, and the lease
         id under which the client's reader routes messages to it. ``cid`` is
         the client id of the reader (:class:`Hub`) that serves it;
         ``started`` (monotonic seconds) when the caller's wait began, if
         before the flow's first step (the time the shell spent setting up
-        the client's presence counts against the timeout)."""
+        the client's presence counts against the timeout). ``tenant``: who
+        the request is for (None: the pool's default, :attr:`tenant`)."""
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
         wait = _timeout(timeout)
         ttl_ms = self._ttl_ms(ttl)
         bind_name = None if bind is None else _text("bind", bind, MAX_RESOURCE)
         holder = _owner(owner)
+        who = self.tenant if tenant is None else _tenant(tenant)
         lid = secrets.token_urlsafe(16)
-        steps = self._acquire(lid, cid, wait, ttl_ms, bind_name, blocking, holder, None, started)
+        steps = self._acquire(
+            lid, cid, wait, ttl_ms, bind_name, blocking, holder, None, started, who
+        )
         # One flow for both kinds; a single acquire only ever returns one
         # lease (no wrapper generator: every level of `yield from` costs
         # each step of the hot path).
@@ -76,6 +81,7 @@ class Leasing(PoolBase):
         cid: str,
         owner: object = None,
         started: float | None = None,
+        tenant: object = None,
     ) -> AcquireMany:
         """Same as :meth:`acquire`, for ``count`` resources at once, all or
         nothing: one request in the same queue, granted at the head when
@@ -86,8 +92,9 @@ class Leasing(PoolBase):
         wait = _timeout(timeout)
         ttl_ms = self._ttl_ms(ttl)
         holder = _owner(owner)
+        who = self.tenant if tenant is None else _tenant(tenant)
         lid = secrets.token_urlsafe(16)
-        steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, holder, number, started)
+        steps = self._acquire(lid, cid, wait, ttl_ms, None, blocking, holder, number, started, who)
         return AcquireMany(lid=lid, count=number, steps=cast("Flow[list[Lease] | None]", steps))
 
     def _acquire(
@@ -101,6 +108,7 @@ class Leasing(PoolBase):
         owner: str,
         count: int | None,
         started: float | None = None,
+        tenant: str = "",
     ) -> Flow[Lease | list[Lease] | None]:
         """The one waiting flow, of ``acquire`` (``count`` None) and of
         ``acquire_many`` (the leases of ``count`` resources: it returns once
@@ -120,6 +128,10 @@ class Leasing(PoolBase):
         introduce = cid not in self._introduced
         if introduce:
             reclaim = (reclaim or ("0",)) + (client_info(),)
+        if tenant:
+            # The last argument, after the two before it (lua/acquire.lua).
+            flag_r = "1" if self.reclaim_on_disconnect else "0"
+            reclaim = (flag_r, reclaim[1] if len(reclaim) > 1 else "", tenant)
         many: tuple[str | int, ...] = ()
         if count is None:
             enqueue: Call[State] = Call(
