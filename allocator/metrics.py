@@ -31,9 +31,16 @@ import redis
 from redis.cluster import RedisCluster
 
 from ._sync import FairAllocator
-from ._values import PoolStats, PoolStatus
+from ._values import PoolStats, PoolStatus, TenantStatus
 
-__all__ = ["DEFAULT_PER_RESOURCE_LIMIT", "STATES", "AllocatorCollector"]
+__all__ = [
+    "DEFAULT_PER_RESOURCE_LIMIT",
+    "DEFAULT_TENANT_LIMIT",
+    "NO_TENANT",
+    "OTHER_TENANTS",
+    "STATES",
+    "AllocatorCollector",
+]
 
 _log = logging.getLogger("allocator")
 
@@ -45,6 +52,19 @@ STATES = ("free", "leased", "quarantined", "draining")
 #: (``allocator_resource_state``, ``allocator_resource_leases``: five series a
 #: resource) are left out, and a warning says so once.
 DEFAULT_PER_RESOURCE_LIMIT = 1000
+
+#: At most this many tenants of a pool get series of their own
+#: (``allocator_tenant_*``, docs/concepts.md#tenants): those with the most
+#: grants, then the most waiting and leases; the rest are summed under the
+#: label :data:`OTHER_TENANTS`.
+DEFAULT_TENANT_LIMIT = 20
+
+#: The ``tenant`` label of requests that name no tenant (an empty label
+#: value is no label at all in Prometheus).
+NO_TENANT = "(none)"
+
+#: The ``tenant`` label of the tenants beyond the limit, summed.
+OTHER_TENANTS = "(other)"
 
 
 @attrs.frozen
@@ -94,6 +114,15 @@ class AllocatorCollector:
     A pool given by name that does not exist (yet) is ``allocator_up 0``
     until it is made, logged once like a pool that cannot be read.
 
+    A pool whose requests name tenants, or whose order is ``tenant``
+    (docs/concepts.md#tenants), gets ``allocator_tenant_waiting``,
+    ``allocator_tenant_leases`` and ``allocator_tenant_grants_total`` with a
+    ``tenant`` label (``(none)`` for requests that name none), for at most
+    ``tenant_limit`` tenants a pool (None: all of them): those with the most
+    grants, then the most waiting and leases; the others are summed under
+    ``tenant="(other)"``. ``allocator_order{pool,order}`` is 1 for the
+    pool's order (``fifo``, ``tenant``, ``building``), 0 for the others.
+
     ``interval`` (seconds; default None) reads the pools in the background:
     a daemon thread reads them every ``interval`` seconds (each read bounded
     by the library's own deadlines), and a scrape answers at once from the
@@ -116,6 +145,7 @@ class AllocatorCollector:
         per_resource_limit: int | None = DEFAULT_PER_RESOURCE_LIMIT,
         interval: float | None = None,
         stale: float | None = None,
+        tenant_limit: int | None = DEFAULT_TENANT_LIMIT,
     ) -> None:
         for arg, value in (("interval", interval), ("stale", stale)):
             if value is not None and (
@@ -136,6 +166,11 @@ class AllocatorCollector:
             raise ValueError(
                 f"per_resource_limit must be an int >= 1 or None, not {per_resource_limit!r}"
             )
+        if tenant_limit is not None and (
+            not isinstance(tenant_limit, int) or isinstance(tenant_limit, bool) or tenant_limit < 1
+        ):
+            raise ValueError(f"tenant_limit must be an int >= 1 or None, not {tenant_limit!r}")
+        self._tenant_limit = tenant_limit
         self._pools = list(pools)
         self._client = client
         self._prefix = prefix
@@ -402,6 +437,26 @@ class AllocatorCollector:
             "Time from entering the queue to the grant.",
             labels=["pool"],
         )
+        order = GaugeMetricFamily(
+            "allocator_order",
+            "1 for the pool's order (fifo: arrival order; tenant: fair shares between "
+            "tenants; building: switching to tenant), 0 for the others.",
+            labels=["pool", "order"],
+        )
+        tenant_waiting = GaugeMetricFamily(
+            "allocator_tenant_waiting",
+            "Requesters in the queue, by tenant ((none): no tenant named; (other): the "
+            "tenants beyond the exporter's limit, summed).",
+            labels=["pool", "tenant"],
+        )
+        tenant_leases = GaugeMetricFamily(
+            "allocator_tenant_leases", "Live leases, by tenant.", labels=["pool", "tenant"]
+        )
+        tenant_grants = CounterMetricFamily(
+            "allocator_tenant_grants",
+            "Leases granted since the pool was created, by tenant.",
+            labels=["pool", "tenant"],
+        )
         age = GaugeMetricFamily(
             "allocator_scrape_age_seconds",
             "Seconds since the pool was last read (the exporter reads in the background "
@@ -446,6 +501,12 @@ class AllocatorCollector:
                 for bound, count in stats.wait_seconds
             ]
             wait.add_metric([name], buckets, stats.wait_seconds_sum)
+            for each in ORDERS:
+                order.add_metric([name, each], 1 if status.order == each else 0)
+            for label, tenant in _by_tenant(status, self._tenant_limit):
+                tenant_waiting.add_metric([name, label], tenant.waiting)
+                tenant_leases.add_metric([name, label], tenant.leases)
+                tenant_grants.add_metric([name, label], tenant.grants)
         yield from (
             up,
             age,
@@ -460,7 +521,38 @@ class AllocatorCollector:
             *counters.values(),
             quarantines,
             wait,
+            order,
+            tenant_waiting,
+            tenant_leases,
+            tenant_grants,
         )
+
+
+#: The values of ``allocator_order``'s ``order`` label.
+ORDERS = ("fifo", "tenant", "building")
+
+
+def _by_tenant(status: PoolStatus, limit: int | None) -> list[tuple[str, TenantStatus]]:
+    """The tenant rows to export, by label: at most ``limit`` tenants of
+    their own (the most grants first, then the most waiting and leases),
+    the rest summed under :data:`OTHER_TENANTS`."""
+    ranked = sorted(status.tenants, key=lambda t: (-t.grants, -(t.waiting + t.leases), t.name))
+    kept = ranked if limit is None else ranked[:limit]
+    rows = [(t.name or NO_TENANT, t) for t in kept]
+    rest = ranked[len(kept) :]
+    if rest:
+        rows.append(
+            (
+                OTHER_TENANTS,
+                TenantStatus(
+                    name=OTHER_TENANTS,
+                    waiting=sum(t.waiting for t in rest),
+                    leases=sum(t.leases for t in rest),
+                    grants=sum(t.grants for t in rest),
+                ),
+            )
+        )
+    return rows
 
 
 def _which(names: Sequence[str], prefix: str) -> str:

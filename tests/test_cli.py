@@ -417,6 +417,7 @@ def test_the_grafana_dashboard_uses_only_exported_metrics(env: tuple[str, str]) 
     url, prefix = env
     pool = FairAllocator(redis.Redis.from_url(url), "g", prefix=prefix)
     pool.extend(["r"])
+    pool.release(pool.acquire(timeout=5, tenant="t"))  # the tenant series too
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AllocatorCollector([pool]))
     exported = {name for name, _ in scrape(generate_latest(registry).decode())}
@@ -842,3 +843,42 @@ def test_a_variable_set_but_empty_is_refused(variable: str) -> None:
     assert one_error_line(done) == (
         f"allocator: {variable} is set but empty: give a value or unset it"
     )
+
+
+def test_order_weight_and_the_tenants_in_status_and_leases(
+    env: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``allocator order`` and ``weight`` steer the tenant order
+    (docs/concepts.md#tenants); ``status`` shows the order and a row per
+    tenant, ``leases`` the tenant of each lease."""
+    url, prefix = env
+    pool = FairAllocator(redis.Redis.from_url(url), "ten", prefix=prefix)
+    assert run(capsys, "extend", "ten", "a")[0] == 0
+    code, out, _ = run(capsys, "order", "ten", "tenant")
+    assert code == 0 and "order tenant" in out
+    code, out, _ = run(capsys, "weight", "ten", "crawler-a", "3")
+    assert code == 0 and "weight 3" in out
+    held = pool.acquire(timeout=5, tenant="crawler-a")
+    waiter = Background(lambda: pool.acquire(timeout=30, tenant="crawler-b"))
+    wait_until(lambda: pool.status().waiting == 1, what="a waiter")
+    code, out, _ = run(capsys, "status", "ten", "--json")
+    view = json.loads(out)
+    assert code == 0 and view["order"] == "tenant"
+    rows = {t["name"]: t for t in view["tenants"]}
+    assert (rows["crawler-a"]["leases"], rows["crawler-a"]["weight"]) == (1, 3.0)
+    assert rows["crawler-b"]["waiting"] == 1
+    assert view["leases"][0]["tenant"] == "crawler-a"
+    code, out, _ = run(capsys, "status", "ten")
+    assert code == 0 and "order tenant" in out and "crawler-b" in out
+    code, out, _ = run(capsys, "leases", "ten")
+    assert code == 0 and "tenant" in out and "crawler-a" in out
+    pool.release(held)
+    pool.release(waiter.join())
+    code, out, _ = run(capsys, "order", "ten", "fifo")
+    assert code == 0 and pool.status().order == "fifo"
+    code, _, err = run(capsys, "order", "nope", "fifo")
+    assert code == 1 and "no pool named 'nope'" in err
+    code, _, err = run(capsys, "order", "ten", "lifo")
+    assert code == 2 and "invalid choice" in err
+    code, _, err = run(capsys, "weight", "ten", "x", "500")
+    assert code == 2 and "0.01 to 100" in err

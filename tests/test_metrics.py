@@ -488,3 +488,45 @@ def get(address: str) -> str:
     with urllib.request.urlopen(address, timeout=30) as reply:
         assert reply.status == 200
         return str(reply.read().decode())
+
+
+def test_tenant_series_with_a_limit_and_the_rest_summed(client: redis.Redis, prefix: str) -> None:
+    """Per tenant: waiting, leases and grants; requests that name none are
+    ``(none)``, tenants beyond the limit are summed under ``(other)`` (the
+    most grants keep their own series); and the pool's order."""
+    pool = FairAllocator(client, "ten", prefix=prefix)
+    pool.extend(["a", "b", "c"])
+    for tenant, grants in (("t1", 4), ("t2", 3), ("t3", 1), ("t4", 1)):
+        for _ in range(grants):
+            pool.release(pool.acquire(timeout=5, tenant=tenant))
+    held = [pool.acquire(timeout=5, tenant="t3"), pool.acquire(timeout=5, tenant="t4")]
+    held.append(pool.acquire(timeout=5))
+    pool.set_order("tenant")
+    values = scrape(AllocatorCollector([pool], tenant_limit=2))
+    grants = series(values, "allocator_tenant_grants_total")
+    assert grants == {
+        (("pool", "ten"), ("tenant", "t1")): 4,
+        (("pool", "ten"), ("tenant", "t2")): 3,
+        (("pool", "ten"), ("tenant", "(other)")): 2 + 2 + 1,  # t3, t4, (none)
+    }
+    leases = series(values, "allocator_tenant_leases")
+    assert leases[(("pool", "ten"), ("tenant", "(other)"))] == 3
+    assert series(values, "allocator_order") == {
+        (("order", "fifo"), ("pool", "ten")): 0,
+        (("order", "tenant"), ("pool", "ten")): 1,
+        (("order", "building"), ("pool", "ten")): 0,
+    }
+    values = scrape(AllocatorCollector([pool], tenant_limit=None))
+    leases = series(values, "allocator_tenant_leases")
+    assert leases[(("pool", "ten"), ("tenant", "(none)"))] == 1
+    assert leases[(("pool", "ten"), ("tenant", "t3"))] == 1
+    assert sum(series(values, "allocator_tenant_grants_total").values()) == 12
+    # A pool whose requests name no tenant, in the order fifo: no series.
+    plain = FairAllocator(client, "plain", prefix=prefix)
+    plain.extend(["x"])
+    plain.release(plain.acquire(timeout=5))
+    assert not series(scrape(AllocatorCollector([plain])), "allocator_tenant_grants_total")
+    with pytest.raises(ValueError, match="tenant_limit"):
+        AllocatorCollector([pool], tenant_limit=0)
+    for lease in held:
+        pool.release(lease)

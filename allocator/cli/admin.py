@@ -1,5 +1,5 @@
-"""``allocator extend``, ``remove``, ``quarantine``, ``revoke``, ``delete`` and ``gc``:
-steering a pool from the shell."""
+"""``allocator extend``, ``remove``, ``quarantine``, ``revoke``, ``order``,
+``weight``, ``delete`` and ``gc``: steering a pool from the shell."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 from redis.exceptions import RedisError
+
+from allocator._core.checks import MAX_WEIGHT, MIN_WEIGHT
 
 from ._common import (
     CommandError,
@@ -89,6 +91,27 @@ def register(commands: Any) -> None:
     add_connection(revoke)
     revoke.set_defaults(run=_revoke)
 
+    order = commands.add_parser(
+        "order",
+        help="set the pool's order: fifo (arrival order, the default) or tenant (fair "
+        "shares between the tenants requests name; docs/concepts.md#tenants)",
+    )
+    order.add_argument("pool", help="the pool's name")
+    order.add_argument("order", choices=("fifo", "tenant"), help="the order to serve in")
+    add_connection(order)
+    order.set_defaults(run=_order)
+
+    weight = commands.add_parser(
+        "weight",
+        help="set a tenant's weight under the order tenant (0.01 to 100, default 1): "
+        "its share of the grants while others wait too",
+    )
+    weight.add_argument("pool", help="the pool's name")
+    weight.add_argument("tenant", help="the tenant's name ('' for requests that name none)")
+    weight.add_argument("weight", type=_weight_value, help="its weight, 0.01 to 100")
+    add_connection(weight)
+    weight.set_defaults(run=_weight)
+
     delete = commands.add_parser("delete", help="delete a pool and every key it has")
     delete.add_argument("pool", help="the pool's name")
     add_connection(delete)
@@ -112,6 +135,13 @@ def register(commands: Any) -> None:
         help="run periodically until SIGTERM or Ctrl-C (> 0)",
     )
     gc.set_defaults(run=_gc)
+
+
+def _weight_value(text: str) -> float:
+    value = positive_float(text)
+    if not MIN_WEIGHT <= value <= MAX_WEIGHT:
+        raise argparse.ArgumentTypeError(f"must be {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, got {text!r}")
+    return value
 
 
 def _rate(text: str) -> tuple[int, float]:
@@ -186,6 +216,30 @@ def _revoke(args: argparse.Namespace) -> int:
         f"pool {args.pool!r}: lease on {which} revoked; its holder is told, and the "
         "resource goes to the next waiter"
     )
+    return 0
+
+
+def _order(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        conn.existing(args.pool).set_order(args.order)
+    finally:
+        conn.close()
+    how = "arrival order" if args.order == "fifo" else "fair shares between tenants"
+    print(f"pool {args.pool!r}: order {args.order} ({how}) from the next grant on")
+    return 0
+
+
+def _weight(args: argparse.Namespace) -> int:
+    conn = connect(args)
+    try:
+        try:
+            conn.existing(args.pool).set_tenant_weight(args.tenant, args.weight)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+    finally:
+        conn.close()
+    print(f"pool {args.pool!r}: tenant {args.tenant!r} has weight {args.weight:g}")
     return 0
 
 

@@ -16,7 +16,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer,
 import redis
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from allocator.metrics import DEFAULT_PER_RESOURCE_LIMIT, AllocatorCollector
+from allocator.metrics import DEFAULT_PER_RESOURCE_LIMIT, DEFAULT_TENANT_LIMIT, AllocatorCollector
 
 from ._common import (
     CommandError,
@@ -75,6 +75,15 @@ def register(commands: Any) -> None:
         metavar="N",
         help="a pool of more than N resources gets no per-resource series, and a warning "
         f"once ({DEFAULT_PER_RESOURCE_LIMIT}; 0: no limit)",
+    )
+    metrics.add_argument(
+        "--tenant-limit",
+        type=_limit,
+        default=DEFAULT_TENANT_LIMIT,
+        metavar="N",
+        help="at most N tenants a pool get series of their own (allocator_tenant_*): "
+        'those with the most grants; the others are summed under tenant="(other)" '
+        f"({DEFAULT_TENANT_LIMIT}; 0: no limit)",
     )
     metrics.add_argument(
         "--interval",
@@ -226,6 +235,7 @@ def make_metrics_server(
     *,
     per_resource: bool = True,
     per_resource_limit: int | None = DEFAULT_PER_RESOURCE_LIMIT,
+    tenant_limit: int | None = DEFAULT_TENANT_LIMIT,
     interval: float = DEFAULT_INTERVAL,
     connect_again: Callable[[], Connection] | None = None,
 ) -> tuple[WSGIServer, _Exporter]:
@@ -237,6 +247,7 @@ def make_metrics_server(
         options: dict[str, Any] = {
             "per_resource": per_resource,
             "per_resource_limit": per_resource_limit,
+            "tenant_limit": tenant_limit,
             "interval": interval,
         }
         if all_pools:
@@ -279,6 +290,7 @@ def _metrics(args: argparse.Namespace) -> int:
             args.port,
             per_resource=args.per_resource,
             per_resource_limit=args.per_resource_limit or None,
+            tenant_limit=args.tenant_limit or None,
             interval=args.interval,
             connect_again=lambda: connect(args),
         )

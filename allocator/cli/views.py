@@ -351,8 +351,12 @@ def render(snap: Snapshot) -> Group:
         )
 
     leases = Table(title="leases", title_justify="left", expand=False)
+    # A tenant column where a lease names one (docs/concepts.md#tenants).
+    named = any(info.tenant for info in snap.leases)
     for column in ("resource", "owner", "holder", "token", "held for", "expires in"):
         leases.add_column(column)
+    if named:
+        leases.add_column("tenant")
     for info in snap.leases:
         leases.add_row(
             info.resource,
@@ -361,6 +365,7 @@ def render(snap: Snapshot) -> Group:
             str(info.token),
             ago(now - info.granted_at),
             ago(info.expires_at - now),
+            *((info.tenant or "-",) if named else ()),
         )
     if not snap.leases:
         leases.add_row("-", "nobody holds a lease", "", "", "", "")
@@ -381,6 +386,8 @@ def render(snap: Snapshot) -> Group:
         style="dim",
     )
     parts: list[Any] = [head, clock, resources, leases]
+    if st.tenants:
+        parts.append(tenants_table(st))
     if snap.stalled:
         parts.append(
             Text(
@@ -422,6 +429,28 @@ def _presence_word(present: bool | None, client: ClientInfo | None) -> str:
     return {True: "connected", False: "gone", None: "unknown"}[present]
 
 
+def tenants_table(st: PoolStatus) -> Table:
+    """One row per tenant: who waits, holds and was granted, its weight
+    and, under the order ``tenant``, its count (docs/concepts.md#tenants)."""
+    table = Table(title=f"tenants (order {st.order})", title_justify="left", expand=False)
+    columns = ["tenant", "waiting", "leases", "grants", "weight", "oldest wait"]
+    if st.order != "fifo":
+        columns.append("count")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for t in st.tenants:
+        table.add_row(
+            t.name or "(none)",
+            str(t.waiting),
+            str(t.leases),
+            str(t.grants),
+            _num(t.weight),
+            ago(t.oldest_wait) if t.waiting else "-",
+            *((f"{t.count:.4g}",) if st.order != "fifo" else ()),
+        )
+    return table
+
+
 def headline(st: PoolStatus) -> str:
     """The pool in one line, in resources and leases with capacity in mind:
     ``4 resources (8 slots): 7 free slots, 1 lease, 0 waiting``; where every
@@ -451,6 +480,8 @@ def headline(st: PoolStatus) -> str:
         text += "; " + ", ".join(f"{n} {what}" for what, n in out.items() if n)
     if st.absent_holders:
         text += f"; {_count(st.absent_holders, 'lease')} of a holder gone"
+    if st.order != "fifo":
+        text += f"; order {st.order}"
     return text
 
 
@@ -485,6 +516,19 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "oldest_wait_seconds": st.oldest_wait,
         "absent_holders": st.absent_holders,
         "stalled": len(snap.stalled),
+        "order": st.order,
+        "tenants": [
+            {
+                "name": t.name,
+                "waiting": t.waiting,
+                "leases": t.leases,
+                "grants": t.grants,
+                "weight": t.weight,
+                "count": t.count,
+                "oldest_wait_seconds": t.oldest_wait,
+            }
+            for t in st.tenants
+        ],
         "resources": [
             {
                 "name": r.name,
@@ -512,6 +556,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "held_seconds": round(now - i.granted_at, 3),
                 "expires_in_seconds": round(i.expires_at - now, 3),
                 "holder_present": i.holder_present,
+                "tenant": i.tenant,
                 **_holder_json(i, snap.client(i.client)),
             }
             for i in snap.leases
@@ -580,8 +625,11 @@ def _leases(args: argparse.Namespace) -> int:
     table = Table(
         title=f"leases of pool {args.pool!r} on {snap.where}", title_justify="left", expand=False
     )
+    named = any(info.tenant for info in snap.leases)
     for column in ("resource", "token", "owner", "client", "presence", "granted", "deadline"):
         table.add_column(column)
+    if named:
+        table.add_column("tenant")
     for info in snap.leases:
         client = snap.client(info.client)
         table.add_row(
@@ -592,6 +640,7 @@ def _leases(args: argparse.Namespace) -> int:
             holder_text(info, client),
             f"{ago(now - info.granted_at)} ago",
             f"in {ago(info.expires_at - now)}",
+            *((info.tenant or "-",) if named else ()),
         )
     if not snap.leases:
         table.add_row("-", "", "nobody holds a lease", "", "", "", "")

@@ -7,7 +7,8 @@ Starts, each private and on free loopback ports: a ``redis-server`` (from
 PATH), ``allocator metrics --all`` on it, and a Prometheus scraping that
 every second into a temporary directory. Meanwhile a few threads lease,
 release, time out and quarantine (by an operator and on release) in two
-pools, one of capacity 2, so that every series has something to show. Once
+pools, one of capacity 2, one in the order ``tenant`` with two tenants, so
+that every series has something to show. Once
 Prometheus holds enough samples for the rate windows, each panel's query
 (Grafana's ``$pool`` as its "All" value ``.*``, and as one pool's name;
 ``$__rate_interval`` and the like as a fixed window) goes to
@@ -78,6 +79,8 @@ class Traffic:
         self.stop = threading.Event()
         self.proxies = FairAllocator(self.client, "proxies")
         self.proxies.extend([f"http://10.0.0.{i}:3128" for i in range(1, 5)])
+        # Two crawlers share the proxies fairly (the tenant panels).
+        self.proxies.set_order("tenant")
         self.keys = FairAllocator(self.client, "api-keys")
         self.keys.extend(["key-A", "key-B"], capacity=2)
         self.threads = [
@@ -101,7 +104,9 @@ class Traffic:
         rng = random.Random(seed)
         while not self.stop.is_set():
             try:
-                lease = pool.acquire(timeout=0.3, owner=f"worker-{seed}")
+                lease = pool.acquire(
+                    timeout=0.3, owner=f"worker-{seed}", tenant=f"crawler-{seed % 2}"
+                )
             except AcquireTimeout:
                 continue
             self.stop.wait(rng.uniform(0.02, 0.2))
