@@ -1,3 +1,4 @@
+# allocator/_sync.py is generated from this file: run docs/scripts/async_to_sync.py after an edit
 """`AsyncFairAllocator`: the asyncio shell around the core.
 
 Waiters of one allocator object share one signal list and one blocking
@@ -8,41 +9,21 @@ a second keeps all of them alive in the queue.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import (
-    Any,
-    Literal,
-    TypeVar,
-    overload,
-)
+from typing import Any, Literal, TypeVar, overload
 
-from ._async_io import (
-    Reader,
-    drive,
-    execute,
-    reader_for,
-    readers_of,
-    run_step,
-    senders_of,
-    within,
-)
+from ._acompat import APause, AWorker, acheck_client
+from ._async_io import Reader, drive, reader_for, readers_of, run_step, senders_of
 from ._core.keys import pool_names, pools_pattern
 from ._core.liveness import presence_budget
 from ._core.pool import Pool
 from ._core.retry import RETRY_BUDGET
-from ._core.steps import Flow, Step
+from ._core.steps import Command, Flow, Step
 from ._scripts import scripts
-from ._transport import (
-    bound_client_retries,
-    client_kind,
-    is_cluster,
-    is_sentinel,
-    no_client_retries,
-)
+from ._transport import bound_client_retries, is_cluster, is_sentinel
 from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
 
@@ -55,11 +36,51 @@ A = TypeVar("A")
 
 
 class AsyncFairAllocator:
-    """Same as :class:`~allocator.FairAllocator`, for asyncio: every method
-    is a coroutine, and ``lease()`` is an async context manager.
+    """A pool of named resources shared through Redis, granted in strict
+    first-come-first-served order.
 
-    ``client`` is a ``redis.asyncio.Redis`` or
-    ``redis.asyncio.cluster.RedisCluster`` (or fakeredis ``FakeAsyncRedis``).
+    For asyncio: the same as :class:`~allocator.FairAllocator`, except that
+    every method that does I/O is a coroutine, ``lease()`` and
+    ``lease_many()`` are async context managers, and a task cancelled while
+    it waits leaves the queue (docs/api.md#asyncfairallocator).
+
+    ``client`` is a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` (or a
+    fakeredis ``FakeAsyncRedis``), with ``decode_responses`` on or off, over RESP2
+    or RESP3. Two allocators with the same server, ``prefix`` and ``name``
+    are the same pool. Construction does no I/O.
+
+    ``lease_ttl`` is the default life of a lease without renewal, in seconds;
+    ``bind_ttl`` how long a soft binding lives after its last use.
+
+    ``min_replicas`` (default 0: no wait): ``acquire`` and ``renew`` return
+    only once that many replicas confirmed the write (Redis ``WAIT``, sent
+    in the same round trip as the script, bounded by ``replica_timeout``
+    seconds); else :class:`~allocator.NotReplicated` is raised, and an
+    acquire releases its grant first.
+
+    ``reclaim_on_disconnect`` (default False): a lease this allocator
+    acquires ends once the server has seen its holder's process gone (its
+    presence connection dropped, docs/concepts.md#presence-as-a-session)
+    for the grace, about a second, instead of at its deadline, and the
+    resource goes to the next waiter then. In return, this process gives up such a lease by
+    itself once its own presence connection has been down longer than the
+    grace (a partition, a restart the connection did not survive):
+    ``renew`` and the exit of ``lease()`` raise
+    :class:`~allocator.LeaseLost`, and ``release`` returns False. Where the
+    client keeps no presence (fakeredis, the asyncio cluster client, an ACL
+    without the channel) it has no effect (docs/operations.md,
+    "Presence").
+
+    A Sentinel-managed client (``Sentinel(...).master_for(...)``) is a client
+    like any other, except that its calls without a deadline of their own
+    (``release``, ``renew``, ``status``, ...) keep retrying for up to 45 s
+    instead of 2 s: long enough to ride out a failover with Sentinel's
+    default settings (docs/operations.md, "Sentinel").
+
+    Every call keeps its deadline against a server that stops answering: a
+    read from the socket waits no longer than what is left of the call's
+    ``timeout`` or budget (on a ``RedisCluster`` client, only the client's
+    own ``socket_timeout`` bounds a read).
     """
 
     def __init__(
@@ -84,12 +105,7 @@ class AsyncFairAllocator:
             reclaim_on_disconnect=reclaim_on_disconnect,
             sentinel=is_sentinel(client),
         )
-        if client_kind(client) != "async":
-            raise TypeError(
-                f"client must be an asyncio Redis client for {type(self).__name__}, "
-                f"got the blocking {type(client).__module__}.{type(client).__qualname__}: "
-                "use FairAllocator with it"
-            )
+        acheck_client(self, client)
         bound_client_retries(client)
         self._client = client
         self._scripts = scripts()
@@ -102,10 +118,22 @@ class AsyncFairAllocator:
         return self._pool.name
 
     async def close(self) -> None:
-        """Same as :meth:`FairAllocator.close <allocator.FairAllocator.close>`,
-        awaitable: the reader of this allocator's client in the running
-        event loop (a task) ends, and the releases it started. Also the exit
-        of ``async with AsyncFairAllocator(...) as pool:``."""
+        """End the background work of this allocator's client in the running
+        event loop, for a program that wants it gone before the loop ends: the
+        reader's connection goes back to the client's pool, once the replies
+        still due on it (the last acknowledgements) are read; a reader
+        task finishing rounds that no waiter was left to carry ends
+        first, within about a heartbeat (1 s). A reader that other tasks still wait on is
+        left to them. Leases stay as they are (release them first; a
+        ``lease()`` block's keepalive ends with its block), the client
+        stays open (it is yours: ``client.aclose()``), and the allocator
+        stays usable: a later wait starts a reader again. Also the exit of
+        ``async with AsyncFairAllocator(...) as pool:``.
+
+        Cancels and releases of the client that could not be confirmed and
+        are still being sent in the background (docs/api.md#release) get
+        up to 2 s more to reach the server; what is still undelivered then
+        is dropped (logged at warning): those leases end at their deadlines."""
         for reader in readers_of(self._client):
             await reader.finish()
         for sender in senders_of(self._client):
@@ -121,7 +149,7 @@ class AsyncFairAllocator:
     def client(self) -> Any:
         return self._client
 
-    # -- the driver -----------------------------------------------------------
+    # -- the driver: the only place that does I/O --------------------------
 
     async def _drive(self, steps: Flow[T]) -> T:
         return await drive(steps, self._step)
@@ -133,9 +161,15 @@ class AsyncFairAllocator:
         return reader_for(self._client, self._pool)
 
     async def _waiting(
-        self, reader: Reader, make: Callable[[str, float], A], timeout: float | None
+        self,
+        reader: Reader,
+        make: Callable[[str, float], A],
+        timeout: float | None,
     ) -> A:
-        """Same as the sync shell's ``_waiting``, awaitable."""
+        """An acquire's flow, made by ``make`` from the client's id (its
+        arguments are checked there, before any I/O); on the client's first
+        wait in the pool its presence is set up, and the flow made again
+        with the id that goes with it."""
         started = time.monotonic()
         flow = make(reader.known_cid(self._pool), started)
         if not reader.joined(self._pool):
@@ -144,7 +178,8 @@ class AsyncFairAllocator:
         return flow
 
     async def _drive_waiting(self, reader: Reader, lid: str, steps: Flow[T]) -> T:
-        """Same as the sync shell's, awaitable."""
+        """Drive an acquire's flow with its waiter ``lid`` known to the
+        reader (messages for it are routed to it) until the flow ends."""
         reader.register(self._pool, lid)
         try:
             return await self._drive(steps)
@@ -184,8 +219,28 @@ class AsyncFairAllocator:
         blocking: bool = True,
         owner: str | None = None,
     ) -> Lease | None:
-        """Same as :meth:`FairAllocator.acquire <allocator.FairAllocator.acquire>`, awaitable.
-        Cancelling the task leaves the queue."""
+        """Wait in line for a resource and lease it.
+
+        Waits until every requester that queued earlier has been served and
+        a resource is free. ``timeout`` (seconds, None: no limit) bounds the
+        wait and raises :class:`~allocator.AcquireTimeout`; the requester
+        leaves the queue, and a grant that raced the timeout passes on.
+        ``ttl``: the lease's life without renewal (default: ``lease_ttl``).
+        ``bind``: soft binding, a name that keeps getting the same resource
+        while it is free. ``blocking=False`` returns a lease only if one can
+        be granted at once without passing anyone waiting, else None.
+
+        Uncontended, this is one round trip to Redis; a waiter is woken by a
+        push to its signal list, never by polling the pool. With Redis
+        unreachable or hung, the call retries until ``timeout``, then leaves
+        the queue (a try of at most 0.15 s of its own) and raises
+        ``AcquireTimeout`` saying the whole time waited, the last transport
+        error as its ``__cause__``; ``blocking=False`` lets that error
+        through after 2 s.
+
+        A cancelled task leaves the queue the same way (a grant that raced
+        the cancellation passes on), then the cancellation goes on.
+        """
         reader = self._reader()
         flow = await self._waiting(
             reader,
@@ -209,8 +264,16 @@ class AsyncFairAllocator:
         keepalive: bool = False,
         owner: str | None = None,
     ) -> AsyncIterator[Lease]:
-        """Same as :meth:`FairAllocator.lease <allocator.FairAllocator.lease>`, as
-        ``async with``; ``keepalive`` renews from a task."""
+        """Acquire on entry, release on exit::
+
+            async with pool.lease(timeout=10) as proxy:
+                fetch(url, proxy=proxy.resource, fence=proxy.token)
+
+        If the lease was lost while the block ran (expired, revoked), exit
+        raises :class:`~allocator.LeaseLost`; if the block raised, its
+        exception propagates unchanged. ``keepalive=True`` renews the lease
+        from a task every ``ttl/3`` while the block runs.
+        """
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
         held = await self.acquire(timeout, ttl=ttl, bind=bind, owner=owner)
@@ -258,9 +321,20 @@ class AsyncFairAllocator:
         blocking: bool = True,
         owner: str | None = None,
     ) -> list[Lease] | None:
-        """Same as :meth:`FairAllocator.acquire_many
-        <allocator.FairAllocator.acquire_many>`, awaitable. Cancelling the
-        task leaves the queue."""
+        """Wait in line for ``count`` distinct resources and lease them all
+        at once: all or nothing.
+
+        The request takes one place in the same queue as ``acquire``. At
+        the head of the queue it is granted when ``count`` resources are
+        free at once, each with its own :class:`~allocator.Lease` and
+        fencing token, in one step; until then those behind it wait too,
+        so a stream of single requests never starves it. Renew and release
+        each lease on its own. ``timeout``, ``ttl`` and ``blocking`` mean
+        what they mean for ``acquire``, and so does ``owner`` (shown for
+        every lease by ``leases()``); a timeout or a cancellation leaves
+        nothing behind. ``count`` larger than the pool raises
+        ``ValueError``.
+        """
         reader = self._reader()
         flow = await self._waiting(
             reader,
@@ -284,9 +358,16 @@ class AsyncFairAllocator:
         keepalive: bool = False,
         owner: str | None = None,
     ) -> AsyncIterator[list[Lease]]:
-        """Same as :meth:`FairAllocator.lease_many
-        <allocator.FairAllocator.lease_many>`, as ``async with``;
-        ``keepalive`` renews from tasks."""
+        """``acquire_many`` on entry, release of every lease on exit::
+
+            async with pool.lease_many(2, timeout=60) as (a, b):
+                train(gpus=[a.resource, b.resource])
+
+        If any lease was lost while the block ran, exit raises
+        :class:`~allocator.LeaseLost` (after releasing the others); if the
+        block raised, its exception propagates unchanged. ``keepalive=True``
+        renews every lease from tasks every ``ttl/3``.
+        """
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
         held = await self.acquire_many(count, timeout, ttl=ttl, owner=owner)
@@ -312,19 +393,53 @@ class AsyncFairAllocator:
             raise failure
 
     async def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
-        """Same as :meth:`FairAllocator.renew <allocator.FairAllocator.renew>`, awaitable."""
+        """Push the lease's deadline to now + ``ttl`` (default: the lease's
+        own ttl) on the server clock. Returns the lease with its new
+        ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
+        longer held (a lease past its deadline is never brought back).
+        With Redis unreachable or hung, retries for 5 s, or half the
+        lease's ttl if less, never under 2 s (45 s on a Sentinel-managed
+        client), then lets the transport error through. Raises
+        ``LeaseLost`` without asking the server once this process gave the
+        lease up (``reclaim_on_disconnect``), or while its release is still
+        being delivered (docs/api.md#renew)."""
         reader = self._reader()
         renewed = await self._drive(self._pool.renew(lease, ttl, reader.lost))
         reader.renewed(renewed)
         return renewed
 
     def lost(self, lease: Lease) -> bool:
-        """Same as :meth:`FairAllocator.lost <allocator.FairAllocator.lost>`
-        (no I/O, so not a coroutine)."""
+        """Whether this process knows that ``lease`` ended, without asking
+        the server (no I/O, not a coroutine): true within a few ms of a revoke, a reclaim
+        (past its deadline, or its holder found gone), or a forced remove
+        or delete, whose script tells the holder on its presence connection
+        while it is connected; and once a lease acquired with
+        ``reclaim_on_disconnect`` was given up because this process's
+        presence stayed suspended for a safe part of the grace, always
+        before the server may end it and grant its resource again
+        (docs/concepts.md, "Presence as a session"). Then ``renew`` raises
+        ``LeaseLost`` without asking (a keepalive stops), and so does the
+        exit of the ``lease()`` block. A holder in the middle of long work
+        checks it between steps, and sends its fencing token with every
+        write, which fences anything that slips through (docs/api.md#lost).
+        False proves nothing: the word may not have reached a process that
+        is disconnected or stopped."""
         return self._reader().lost(lease)
 
     async def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
-        """Same as :meth:`FairAllocator.release <allocator.FairAllocator.release>`, awaitable."""
+        """End the lease and hand the resource to the next waiter.
+
+        True if the lease was live and is now released; False if it had
+        already ended (expired, revoked, or released before). ``quarantine``
+        keeps the resource out of rotation for that many seconds; waiters
+        are woken and served when it ends. With Redis unreachable or hung,
+        retries for 5 s (45 s on a Sentinel-managed client), then lets the
+        transport error through: the outcome is not known yet, and the
+        release is sent again in the background as soon as the server
+        answers (docs/api.md#release). Under ``reclaim_on_disconnect``, a
+        lease this process gave up is released all the same, and False is
+        returned.
+        """
         reader = self._reader()
         released = await self._drive(self._pool.release(lease, quarantine, reader.lost))
         reader.unhold(lease)
@@ -340,95 +455,160 @@ class AsyncFairAllocator:
         priority: float = 0,
         rate: tuple[int, float] | None = None,
     ) -> int:
-        """Same as :meth:`FairAllocator.extend <allocator.FairAllocator.extend>`, awaitable."""
+        """Add resources, or update existing ones; returns how many are new.
+
+        Existing resources keep their leases and take the new ``capacity``
+        (leases at once), ``priority`` (higher is granted first) and ``rate``
+        (``(count, seconds)``: at most ``count`` grants in any window of
+        ``seconds``; None: no limit). Waiters are served at once if the new
+        resources let them.
+        """
         return await self._drive(self._pool.extend(resources, capacity, priority, rate))
 
     async def remove(self, resources: Iterable[str], *, force: bool = False) -> int:
-        """Same as :meth:`FairAllocator.remove <allocator.FairAllocator.remove>`, awaitable."""
+        """Take resources out of the pool; returns how many were removed or
+        marked (unknown names are ignored and not counted).
+
+        A free resource leaves at once; a leased one stops being granted and
+        leaves when its leases end (draining). ``force=True`` revokes its
+        leases now: their holders get :class:`~allocator.LeaseLost`.
+
+        Every name is checked before anything is sent. A large remove is
+        applied in steps of 100 names, each one atomic script run, so that
+        none blocks the server for long: an error midway (raised) leaves the
+        earlier steps applied, and the same call may simply be made again.
+        """
         return await self._drive(self._pool.remove(resources, force))
 
     async def bind(self, name: str, resource: str) -> None:
-        """Same as :meth:`FairAllocator.bind <allocator.FairAllocator.bind>`, awaitable."""
+        """Bind ``name`` to ``resource`` (soft binding, see ``acquire``);
+        raises :class:`~allocator.UnknownResource` if it is not in the pool."""
         return await self._drive(self._pool.bind(name, resource))
 
     async def unbind(self, name: str) -> bool:
-        """Same as :meth:`FairAllocator.unbind <allocator.FairAllocator.unbind>`, awaitable."""
+        """Drop the binding of ``name``; True if there was one."""
         return await self._drive(self._pool.unbind(name))
 
     async def status(self) -> PoolStatus:
-        """Same as :meth:`FairAllocator.status <allocator.FairAllocator.status>`, awaitable."""
+        """A consistent snapshot of the pool, one row per resource."""
         return await self._drive(self._pool.status())
 
     async def gc(self) -> GCReport:
-        """Same as :meth:`FairAllocator.gc <allocator.FairAllocator.gc>`, awaitable."""
+        """Reclaim leases past their deadline, drop queue entries of waiters
+        that are gone, expire stale bindings, and serve waiters that can now
+        be served. Safe to run from any number of processes at once."""
         return await self._drive(self._pool.gc())
 
+    # -- seeing and steering ---------------------------------------------------
+
     async def leases(self) -> tuple[LeaseInfo, ...]:
-        """Same as :meth:`FairAllocator.leases <allocator.FairAllocator.leases>`, awaitable."""
+        """Every live lease: resource, token, owner, granted_at, expires_at
+        (never the lease id). Writes nothing: a read-only user may call it."""
         return await self._drive(self._pool.leases())
 
     async def clients(self) -> tuple[ClientInfo, ...]:
-        """Same as :meth:`FairAllocator.clients <allocator.FairAllocator.clients>`, awaitable."""
+        """Every client process of the pool (one per allocator object and
+        process) that waits, holds a lease, or waited lately: its id, the
+        host, pid and library version it gave when it joined, whether it is
+        connected, how long it has been silent, its waiters and leases, and
+        whether it is *stalled* (connected and waiting, but silent past its
+        heartbeat: stopped, paused or blocked). Writes nothing: a read-only
+        user may call it (docs/operations.md#clients)."""
         return await self._drive(self._pool.clients())
 
     async def stats(self) -> PoolStats:
-        """Same as :meth:`FairAllocator.stats <allocator.FairAllocator.stats>`, awaitable."""
+        """The pool's counters since it was created (grants, timeouts,
+        reclaimed, revoked, dropped waiters, the wait histogram), as the
+        scripts keep them in Redis. Writes nothing."""
         return await self._drive(self._pool.stats())
 
     async def quarantine(self, resource: str, seconds: float) -> None:
-        """Same as :meth:`FairAllocator.quarantine <allocator.FairAllocator.quarantine>`,
-        awaitable."""
+        """Take ``resource`` out of rotation for ``seconds`` without holding a
+        lease. Live leases on it stay valid; it gets no new grant until the
+        time ends. Raises :class:`~allocator.UnknownResource` if it is not
+        in the pool; a draining resource stays draining."""
         return await self._drive(self._pool.quarantine(resource, seconds))
 
     async def unquarantine(self, resource: str) -> bool:
-        """Same as :meth:`FairAllocator.unquarantine <allocator.FairAllocator.unquarantine>`,
-        awaitable."""
+        """End the quarantine of ``resource`` now (an operator's "it works
+        again"): it is back in rotation at once and waiters are served.
+        True if a quarantine ended, False if it was not quarantined (a rate
+        throttle is the resource's own budget and stays; a draining resource
+        stays draining). Raises :class:`~allocator.UnknownResource` if it is
+        not in the pool."""
         return await self._drive(self._pool.unquarantine(resource))
 
     async def set_events(self, maxlen: int | None) -> None:
-        """Same as :meth:`FairAllocator.set_events <allocator.FairAllocator.set_events>`,
-        awaitable."""
+        """Switch the pool's event log on, keeping about the ``maxlen``
+        latest events (1 to 10,000,000; older ones are trimmed), or off
+        (None). The setting is kept with the pool, for every process that
+        uses it: each grant, release, expiry, reclaim, revocation,
+        quarantine and dropped waiter then adds an entry to the Redis
+        Stream :attr:`events_key` (its resource, token, client id and time;
+        never the lease id). Off by default; switched off, the entries
+        already written stay until the pool is deleted. See the event log in
+        docs/operations.md."""
         return await self._drive(self._pool.set_events(maxlen))
 
     @property
     def events_key(self) -> str:
-        """Same as :attr:`FairAllocator.events_key <allocator.FairAllocator.events_key>`."""
+        """The name of the pool's event log, a Redis Stream (``XRANGE``,
+        ``XREAD``; ``allocator events`` reads it): entries with fields
+        ``kind``, ``resource``, ``token``, ``client`` (and ``owner`` for a
+        grant or a drop), whose id is the server time in ms."""
         return self._pool.events_key
 
     async def revoke(
         self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
     ) -> bool:
-        """Same as :meth:`FairAllocator.revoke <allocator.FairAllocator.revoke>`,
-        awaitable."""
+        """End one lease now (an operator's "this holder must let go"): the
+        resource keeps its capacity, priority and rate, and goes to the next
+        waiter at once.
+
+        The lease is named as ``leases()`` and ``status`` show it: by its
+        ``resource`` and, where the resource holds several leases, its
+        fencing ``token`` (a token names one grant). Without a token, a
+        resource that holds several raises :class:`~allocator.SeveralLeases`
+        (a ``ValueError``) listing their tokens, and nothing is revoked. The
+        holder's own code may name it by ``lease_id=`` (``Lease.id``).
+
+        The holder is told at once through its presence connection:
+        :meth:`lost` turns true there (docs/api.md#lost); it also learns it
+        at its next renew (:class:`~allocator.LeaseLost`) or release
+        (False), and the exit of its ``lease()`` block raises
+        ``LeaseLost``. True if a live lease ended; False if none matched
+        (it ended already, or the token is not a live lease's)."""
         return await self._drive(self._pool.revoke(resource, token, lease_id))
 
     async def delete(self, *, force: bool = False) -> bool:
-        """Same as :meth:`FairAllocator.delete <allocator.FairAllocator.delete>`, awaitable."""
+        """Remove the pool and every key it has; False if there was none.
+
+        While leases are live or requesters wait, raises
+        :class:`~allocator.AllocatorError` and changes nothing, unless
+        ``force=True``: then holders get :class:`~allocator.LeaseLost` and
+        waiters :class:`~allocator.AcquireTimeout`.
+        """
         return await self._drive(self._pool.delete(force))
 
     @staticmethod
     async def pools(client: Any, *, prefix: str = "alloc") -> list[str]:
-        """Same as :meth:`FairAllocator.pools <allocator.FairAllocator.pools>`, awaitable."""
+        """The names of the pools under ``prefix`` on this server (on a Redis
+        Cluster: on every master), sorted. Writes nothing (SCAN)."""
         pattern = pools_pattern(prefix)
         if is_cluster(client):
-            keys = [
-                key
-                async for key in client.scan_iter(
-                    match=pattern, count=1000, target_nodes=client.PRIMARIES
-                )
-            ]
-            return pool_names(keys, prefix)
+            nodes = client.PRIMARIES
+            scan = client.scan_iter(match=pattern, count=1000, target_nodes=nodes)
+            return pool_names([key async for key in scan], prefix)
         # Each SCAN is a single call: its reply comes within the budget of one.
         found: list[Any] = []
         cursor = 0
-        with no_client_retries():
-            while True:
-                due = time.monotonic() + RETRY_BUDGET
-                scan = ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
-                cursor, batch = await within(execute(client, scan, due), due)
-                found.extend(batch)
-                if not cursor:
-                    return pool_names(found, prefix)
+        while True:
+            args = ("SCAN", str(cursor), "MATCH", pattern, "COUNT", "1000")
+            step = Command(args, time.monotonic() + RETRY_BUDGET)
+            cursor, batch = await run_step(client, scripts(), step, None)
+            found.extend(batch)
+            if not cursor:
+                return pool_names(found, prefix)
 
 
 class _Keeper:
@@ -438,11 +618,10 @@ class _Keeper:
         self._owner = owner
         self._lease = lease
         self._lost: LeaseLost | None = None
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._worker = AWorker(self._run, f"allocator-keepalive-{lease.resource}")
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._lease.ttl / 3)
+    async def _run(self, pause: APause) -> None:
+        while await pause(self._lease.ttl / 3):
             try:
                 self._lease = await self._owner.renew(self._lease)
             except LeaseLost as lost:
@@ -452,13 +631,6 @@ class _Keeper:
                 continue
 
     async def stop(self) -> LeaseLost | None:
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            # The keeper's own cancellation ends here; one aimed at the
-            # caller (who is awaiting this) goes on.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
+        """Stop renewing; returns the LeaseLost a renewal met, if any."""
+        await self._worker.stop()
         return self._lost

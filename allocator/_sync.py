@@ -1,28 +1,29 @@
-"""`FairAllocator`: the blocking shell around the core."""
+# generated from allocator/_async.py by docs/scripts/async_to_sync.py: do not edit
+"""`FairAllocator`: the blocking shell around the core.
+
+Waiters of one allocator object share one signal list and one blocking
+reader (:class:`Reader`), which routes each grant to its waiter: ten
+thousand waiting threads use one connection for waiting, and one heartbeat
+a second keeps all of them alive in the queue.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
+from ._acompat import Pause, Worker, check_client
 from ._core.keys import pool_names, pools_pattern
 from ._core.liveness import presence_budget
 from ._core.pool import Pool
 from ._core.retry import RETRY_BUDGET
-from ._core.steps import Flow, Step
+from ._core.steps import Command, Flow, Step
 from ._scripts import scripts
-from ._sync_io import Reader, drive, execute, reader_for, readers_of, run_step, senders_of
-from ._transport import (
-    bound_client_retries,
-    client_kind,
-    is_cluster,
-    is_sentinel,
-    no_client_retries,
-)
+from ._sync_io import Reader, drive, reader_for, readers_of, run_step, senders_of
+from ._transport import bound_client_retries, is_cluster, is_sentinel
 from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
 from .errors import LeaseLost
 
@@ -31,7 +32,6 @@ __all__ = ["FairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
-S = TypeVar("S")
 A = TypeVar("A")
 
 
@@ -100,12 +100,7 @@ class FairAllocator:
             reclaim_on_disconnect=reclaim_on_disconnect,
             sentinel=is_sentinel(client),
         )
-        if client_kind(client) != "sync":
-            raise TypeError(
-                f"client must be a blocking Redis client for {type(self).__name__}, "
-                f"got the asyncio {type(client).__module__}.{type(client).__qualname__}: "
-                "use AsyncFairAllocator with it"
-            )
+        check_client(self, client)
         bound_client_retries(client)
         self._client = client
         self._scripts = scripts()
@@ -160,7 +155,12 @@ class FairAllocator:
     def _reader(self) -> Reader:
         return reader_for(self._client, self._pool)
 
-    def _waiting(self, reader: Reader, make: Callable[[str, float], A], timeout: float | None) -> A:
+    def _waiting(
+        self,
+        reader: Reader,
+        make: Callable[[str, float], A],
+        timeout: float | None,
+    ) -> A:
         """An acquire's flow, made by ``make`` from the client's id (its
         arguments are checked there, before any I/O); on the client's first
         wait in the pool its presence is set up, and the flow made again
@@ -216,7 +216,7 @@ class FairAllocator:
     ) -> Lease | None:
         """Wait in line for a resource and lease it.
 
-        Blocks until every requester that queued earlier has been served and
+        Waits until every requester that queued earlier has been served and
         a resource is free. ``timeout`` (seconds, None: no limit) bounds the
         wait and raises :class:`~allocator.AcquireTimeout`; the requester
         leaves the queue, and a grant that raced the timeout passes on.
@@ -232,6 +232,10 @@ class FairAllocator:
         ``AcquireTimeout`` saying the whole time waited, the last transport
         error as its ``__cause__``; ``blocking=False`` lets that error
         through after 2 s.
+
+        KeyboardInterrupt, or any exception raised into the waiting thread,
+        leaves the queue the same way (a grant that raced it passes on),
+        then goes on.
         """
         reader = self._reader()
         flow = self._waiting(
@@ -588,18 +592,19 @@ class FairAllocator:
         Cluster: on every master), sorted. Writes nothing (SCAN)."""
         pattern = pools_pattern(prefix)
         if is_cluster(client):
-            keys = client.scan_iter(match=pattern, count=1000, target_nodes=client.PRIMARIES)
-            return pool_names(keys, prefix)
+            nodes = client.PRIMARIES
+            scan = client.scan_iter(match=pattern, count=1000, target_nodes=nodes)
+            return pool_names([key for key in scan], prefix)
         # Each SCAN is a single call: its reply comes within the budget of one.
         found: list[Any] = []
         cursor = 0
-        with no_client_retries():
-            while True:
-                scan = ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
-                cursor, batch = execute(client, scan, time.monotonic() + RETRY_BUDGET)
-                found.extend(batch)
-                if not cursor:
-                    return pool_names(found, prefix)
+        while True:
+            args = ("SCAN", str(cursor), "MATCH", pattern, "COUNT", "1000")
+            step = Command(args, time.monotonic() + RETRY_BUDGET)
+            cursor, batch = run_step(client, scripts(), step, None)
+            found.extend(batch)
+            if not cursor:
+                return pool_names(found, prefix)
 
 
 class _Keeper:
@@ -608,15 +613,11 @@ class _Keeper:
     def __init__(self, owner: FairAllocator, lease: Lease) -> None:
         self._owner = owner
         self._lease = lease
-        self._stopped = threading.Event()
         self._lost: LeaseLost | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"allocator-keepalive-{lease.resource}", daemon=True
-        )
-        self._thread.start()
+        self._worker = Worker(self._run, f"allocator-keepalive-{lease.resource}")
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self._lease.ttl / 3):
+    def _run(self, pause: Pause) -> None:
+        while pause(self._lease.ttl / 3):
             try:
                 self._lease = self._owner.renew(self._lease)
             except LeaseLost as lost:
@@ -627,6 +628,5 @@ class _Keeper:
 
     def stop(self) -> LeaseLost | None:
         """Stop renewing; returns the LeaseLost a renewal met, if any."""
-        self._stopped.set()
-        self._thread.join()
+        self._worker.stop()
         return self._lost
