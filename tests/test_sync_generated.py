@@ -1,6 +1,8 @@
-"""allocator/_sync.py is generated from allocator/_async.py by
-docs/scripts/async_to_sync.py: the checked-in file is what the script makes,
-``--check`` says so when it is not, and the rules of the rewrite hold."""
+"""allocator/_sync.py and allocator/_sync_admin.py are generated from
+allocator/_async.py and allocator/_async_admin.py by
+docs/scripts/async_to_sync.py: the checked-in files are what the script
+makes, ``--check`` says so when one is not, and the rules of the rewrite
+hold."""
 
 from __future__ import annotations
 
@@ -14,6 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path("docs/scripts/async_to_sync.py")
 COMMAND = "python docs/scripts/async_to_sync.py"
+PAIRS = [("_async.py", "_sync.py"), ("_async_admin.py", "_sync_admin.py")]
+
+
+def read(name: str, root: Path = ROOT) -> str:
+    return (root / "allocator" / name).read_text(encoding="utf-8")
 
 
 def run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -34,8 +41,8 @@ def test_the_sync_module_is_what_the_async_one_makes() -> None:
 @pytest.fixture
 def copy(tmp_path: Path) -> Path:
     """What the script reads and writes, in a tree of its own."""
-    for name in ("_async.py", "_sync.py", "_acompat.py"):
-        (tmp_path / "allocator").mkdir(exist_ok=True)
+    (tmp_path / "allocator").mkdir()
+    for name in ["_acompat.py", *(name for pair in PAIRS for name in pair)]:
         shutil.copy(ROOT / "allocator" / name, tmp_path / "allocator" / name)
     (tmp_path / SCRIPT.parent).mkdir(parents=True)
     shutil.copy(ROOT / SCRIPT, tmp_path / SCRIPT)
@@ -66,30 +73,40 @@ def test_a_stale_sync_module_fails_the_check_and_is_written_again(copy: Path) ->
 
 def test_an_edit_of_the_async_module_makes_the_sync_one_stale(copy: Path) -> None:
     edit(
-        copy / "allocator" / "_async.py",
+        copy / "allocator" / "_async_admin.py",
         '"""Drop the binding of ``name``; True if there was one."""',
         '"""Drop the binding of ``name``: True if there was one."""',
     )
-    assert run(copy, "--check").returncode == 1
+    stale = run(copy, "--check")
+    assert stale.returncode == 1
+    assert "allocator/_sync_admin.py" in stale.stderr
+    assert "allocator/_sync.py" not in stale.stderr
     assert run(copy).returncode == 0
-    sync = (copy / "allocator" / "_sync.py").read_text(encoding="utf-8")
-    assert '"""Drop the binding of ``name``: True if there was one."""' in sync
+    assert '"""Drop the binding of ``name``: True if there was one."""' in read(
+        "_sync_admin.py", copy
+    )
+    assert read("_sync.py", copy) == read("_sync.py")
 
 
 def test_the_rewrite() -> None:
     """The blocking twin of each asyncio form, read from the output."""
-    source = (ROOT / "allocator" / "_async.py").read_text(encoding="utf-8")
-    sync = (ROOT / "allocator" / "_sync.py").read_text(encoding="utf-8")
-    assert source.splitlines()[0].startswith("# allocator/_sync.py is generated from this file")
-    assert sync.splitlines()[0] == (
-        "# generated from allocator/_async.py by docs/scripts/async_to_sync.py: do not edit"
-    )
+    for name, twin in PAIRS:
+        assert read(name).splitlines()[0] == (
+            f"# the source of allocator/{twin}: run docs/scripts/async_to_sync.py after an edit"
+        )
+        assert read(twin).splitlines()[0] == (
+            f"# generated from allocator/{name} by docs/scripts/async_to_sync.py: do not edit"
+        )
+    source = read("_async.py") + read("_async_admin.py")
+    sync = read("_sync.py") + read("_sync_admin.py")
     for asyncio_form, blocking_form in [
         ("    async def acquire(\n", "    def acquire(\n"),
         ("lease = await self._drive_waiting(", "lease = self._drive_waiting("),
         ("@contextlib.asynccontextmanager\n", "@contextlib.contextmanager\n"),
         ("def __aenter__(self) -> AsyncFairAllocator:", "def __enter__(self) -> FairAllocator:"),
         ("from ._async_io import", "from ._sync_io import"),
+        ("class AsyncFairAllocator(AsyncAdmin):", "class FairAllocator(Admin):"),
+        ('__all__ = ["AsyncAdmin"]', '__all__ = ["Admin"]'),
         ("[key async for key in scan]", "[key for key in scan]"),
         ("AWorker(self._run", "Worker(self._run"),
         ("async with pool.lease(timeout=10)", "with pool.lease(timeout=10)"),
@@ -123,9 +140,11 @@ def test_asyncio_left_in_the_output_fails_the_run(copy: Path) -> None:
 def test_the_imports_are_put_back_in_order() -> None:
     """``AsyncIterator`` sorts first, ``Iterator`` after ``Callable``;
     ``._async_io`` before ``._core``, ``._sync_io`` after ``._scripts``."""
-    sync = (ROOT / "allocator" / "_sync.py").read_text(encoding="utf-8")
-    assert "from collections.abc import Callable, Iterable, Iterator\n" in sync
-    lines = sync.splitlines()
-    relative = [line.split()[1] for line in lines if line.startswith("from .")]
-    assert relative == sorted(relative, key=str.lower)
-    assert relative.index("._sync_io") == relative.index("._scripts") + 1
+    assert "from collections.abc import AsyncIterator, Callable\n" in read("_async.py")
+    sync = read("_sync.py")
+    assert "from collections.abc import Callable, Iterator\n" in sync
+    for name in ("_sync.py", "_sync_admin.py"):
+        lines = read(name).splitlines()
+        relative = [line.split()[1] for line in lines if line.startswith("from .")]
+        assert relative == sorted(relative, key=str.lower)
+        assert relative.index("._sync_io") > relative.index("._scripts")

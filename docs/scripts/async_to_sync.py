@@ -1,12 +1,15 @@
-"""Write allocator/_sync.py (FairAllocator) from allocator/_async.py.
+"""Write the blocking allocator (FairAllocator) from the asyncio one.
 
-    python docs/scripts/async_to_sync.py            # write allocator/_sync.py
-    python docs/scripts/async_to_sync.py --check    # exit 1 if it is stale
+    python docs/scripts/async_to_sync.py            # write the generated modules
+    python docs/scripts/async_to_sync.py --check    # exit 1 if one is stale
 
-The blocking allocator is the asyncio one with ``await`` and ``async``
-dropped (``async def``, ``async with``, ``async for``) and a few names
-renamed (:data:`RENAMES`, and each asyncio name of allocator/_acompat.py,
-``aname`` or ``AName``, to its blocking twin ``name`` or ``Name``). What the
+allocator/_sync.py is made from allocator/_async.py, allocator/_sync_admin.py
+from allocator/_async_admin.py (:data:`PAIRS`). The blocking allocator is
+the asyncio one with ``await`` and ``async`` dropped (``async def``,
+``async with``, ``async for``) and a few names renamed (:data:`RENAMES`, the
+modules of :data:`PAIRS`, and each asyncio name of allocator/_acompat.py,
+``aname`` or ``AName``, to its blocking twin ``name`` or ``Name``; in the
+code, and in a string that is just the name, as in ``__all__``). What the
 two truly do differently lives in allocator/_acompat.py; where their
 docstrings and comments must say different things, :data:`TEXT_RULES`
 swaps the asyncio text for the blocking one. The rewrite works on tokens,
@@ -22,6 +25,11 @@ shorter signature would fit on one line). Where ruff is installed, the
 script checks that ``ruff format`` and ``ruff check`` find nothing to
 change in the output. A rule that no longer matches anything, a line over
 100 characters, or ``asyncio`` left in the output fails the run.
+
+Each source starts with the line ``# the source of allocator/<its twin>: run
+docs/scripts/async_to_sync.py after an edit``; in the twin it becomes the
+banner ``# generated from allocator/<source> by docs/scripts/async_to_sync.py:
+do not edit``.
 """
 
 from __future__ import annotations
@@ -39,23 +47,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "allocator" / "_async.py"
-TARGET = ROOT / "allocator" / "_sync.py"
-COMPAT = ROOT / "allocator" / "_acompat.py"
+PACKAGE = ROOT / "allocator"
+COMPAT = PACKAGE / "_acompat.py"
 COMMAND = "python docs/scripts/async_to_sync.py"
 
-#: The first line of the source, and what it becomes.
-SOURCE_MARK = (
-    "# allocator/_sync.py is generated from this file:"
-    " run docs/scripts/async_to_sync.py after an edit"
-)
-BANNER = "# generated from allocator/_async.py by docs/scripts/async_to_sync.py: do not edit"
+#: The asyncio modules of allocator/ and the blocking ones made from them.
+PAIRS = [("_async.py", "_sync.py"), ("_async_admin.py", "_sync_admin.py")]
+
+
+def source_mark(target: str) -> str:
+    """The first line of the source of ``target``."""
+    return f"# the source of allocator/{target}: run docs/scripts/async_to_sync.py after an edit"
+
+
+def banner(source: str) -> str:
+    """The first line of the module made from ``source``."""
+    return f"# generated from allocator/{source} by docs/scripts/async_to_sync.py: do not edit"
+
 
 LINE_LENGTH = 100  # pyproject.toml, [tool.ruff]
 
 #: Names in the code (not in strings) and their blocking twins.
 RENAMES = {
     "AsyncFairAllocator": "FairAllocator",
+    "AsyncAdmin": "Admin",
     "AsyncIterator": "Iterator",
     "asynccontextmanager": "contextmanager",
     "__aenter__": "__enter__",
@@ -131,17 +146,33 @@ def _offsets(text: str) -> list[int]:
     return starts
 
 
-def rewrite(source: str, renames: dict[str, str]) -> str:
-    """The source with ``await``/``async`` dropped, names renamed and the text
-    rules applied; raises :class:`Stale` where that cannot be done safely."""
+class Used:
+    """The renames and text rules that matched, over every source."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.rules = [0] * len(TEXT_RULES)
+
+    def check(self) -> None:
+        """Every text rule and every name of :data:`RENAMES` matched."""
+        unused = [old for (old, _), n in zip(TEXT_RULES, self.rules, strict=True) if not n]
+        if unused:
+            raise Stale(f"text rules that match nothing: {unused!r}")
+        missing = sorted(set(RENAMES) - self.names)
+        if missing:
+            raise Stale(f"renames that match nothing: {missing}")
+
+
+def rewrite(name: str, target: str, source: str, renames: dict[str, str], used: Used) -> str:
+    """The source ``name`` with ``await``/``async`` dropped, names renamed and
+    the text rules applied, as ``target``; raises :class:`Stale` where that
+    cannot be done safely."""
     first, _, rest = source.partition("\n")
-    if first != SOURCE_MARK:
-        raise Stale(f"{SOURCE.name} must start with the line {SOURCE_MARK!r}")
-    source = BANNER + "\n" + rest
+    if first != source_mark(target):
+        raise Stale(f"allocator/{name} must start with the line {source_mark(target)!r}")
+    source = banner(name) + "\n" + rest
     starts = _offsets(source)
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    used_names: set[str] = set()
-    used_rules = [0] * len(TEXT_RULES)
     edits: list[tuple[int, int, str]] = []
 
     def at(pos: tuple[int, int]) -> int:
@@ -160,25 +191,23 @@ def rewrite(source: str, renames: dict[str, str]) -> str:
         if tok.type == tokenize.NAME and tok.string in ("await", "async"):
             following = tokens[i + 1]
             if tok.string == "async" and following.string not in ("def", "with", "for"):
-                raise Stale(f"line {tok.start[0]}: async {following.string}")
+                raise Stale(f"{name}:{tok.start[0]}: async {following.string}")
             # The keyword and the space after it.
             edits.append((at(tok.start), at(following.start), ""))
         elif tok.type == tokenize.NAME and tok.string in renames:
-            used_names.add(tok.string)
+            used.names.add(tok.string)
             edits.append((at(tok.start), at(tok.end), renames[tok.string]))
+        elif tok.type == tokenize.STRING and tok.string[1:-1] in renames:  # as in __all__
+            used.names.add(tok.string[1:-1])
+            quote = tok.string[0]
+            edits.append((at(tok.start), at(tok.end), quote + renames[tok.string[1:-1]] + quote))
         elif tok.type in (tokenize.STRING, tokenize.COMMENT):
             text = tok.string
             for n, (old, new) in enumerate(TEXT_RULES):
-                used_rules[n] += text.count(old)
+                used.rules[n] += text.count(old)
                 text = text.replace(old, new)
             if text != tok.string:
                 edits.append((at(tok.start), at(tok.end), text))
-    unused = [old for (old, _), count in zip(TEXT_RULES, used_rules, strict=True) if not count]
-    if unused:
-        raise Stale(f"text rules that match nothing in {SOURCE.name}: {unused!r}")
-    missing = sorted(set(RENAMES) - used_names)
-    if missing:
-        raise Stale(f"renames that match nothing in {SOURCE.name}: {missing}")
     out = source
     for start, end, text in sorted(edits, reverse=True):
         out = out[:start] + text + out[end:]
@@ -268,16 +297,16 @@ def sort_imports(text: str) -> str:
 # -- checks of the output ---------------------------------------------------------
 
 
-def check_output(text: str) -> None:
+def check_output(target: str, text: str) -> None:
     """The output compiles, keeps to the line length, and names nothing of
     asyncio."""
-    compile(text, str(TARGET), "exec")
+    compile(text, target, "exec")
     for number, line in enumerate(text.splitlines(), 1):
         if len(line) > LINE_LENGTH:
-            raise Stale(f"{TARGET.name}:{number} is {len(line)} characters long")
+            raise Stale(f"{target}:{number} is {len(line)} characters long")
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
         if tok.type == tokenize.NAME and tok.string in ("asyncio", "await", "async"):
-            raise Stale(f"{TARGET.name}:{tok.start[0]} still says {tok.string}")
+            raise Stale(f"{target}:{tok.start[0]} still says {tok.string}")
 
 
 def ruff() -> list[str] | None:
@@ -288,60 +317,70 @@ def ruff() -> list[str] | None:
     return [found] if found else None
 
 
-def check_with_ruff(text: str, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+def check_with_ruff(
+    name: str, target: str, text: str, run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     """``ruff format`` leaves the output as it is, and ``ruff check`` finds
     nothing in it (with the project's settings)."""
     command = ruff()
     if command is None:
         return
-    where = ["--stdin-filename", str(TARGET.relative_to(ROOT)), "-"]
+    where = ["--stdin-filename", f"allocator/{target}", "-"]
     formatted = run([*command, "format", *where], input=text)
     if formatted.returncode != 0 or formatted.stdout != text:
         raise Stale(
-            f"ruff format would change the output ({formatted.stderr.strip() or 'see the diff'}):"
-            f" write {SOURCE.name} so that its blocking twin is formatted too"
+            f"ruff format would change {target} ({formatted.stderr.strip() or 'see the diff'}):"
+            f" write {name} so that its blocking twin is formatted too"
         )
     linted = run([*command, "check", "--no-fix", "--quiet", *where], input=text)
     if linted.returncode != 0:
-        raise Stale(f"ruff check finds fault with the output:\n{linted.stdout}{linted.stderr}")
+        raise Stale(f"ruff check finds fault with {target}:\n{linted.stdout}{linted.stderr}")
 
 
-def generate() -> str:
-    """The text allocator/_sync.py must have."""
+def generate() -> dict[str, str]:
+    """The text each generated module must have, by its name."""
     renames = {**RENAMES, **compat_renames(COMPAT.read_text(encoding="utf-8"))}
-    text = sort_imports(rewrite(SOURCE.read_text(encoding="utf-8"), renames))
-    check_output(text)
+    renames.update((name.removesuffix(".py"), twin.removesuffix(".py")) for name, twin in PAIRS)
+    used = Used()
 
     def run(args: list[str], input: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(args, input=input, capture_output=True, text=True, cwd=ROOT)
 
-    check_with_ruff(text, run)
-    return text
+    made = {}
+    for name, target in PAIRS:
+        source = (PACKAGE / name).read_text(encoding="utf-8")
+        text = sort_imports(rewrite(name, target, source, renames, used))
+        check_output(target, text)
+        check_with_ruff(name, target, text, run)
+        made[target] = text
+    used.check()
+    return made
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--check", action="store_true", help="exit 1, changing nothing, if _sync.py is stale"
+        "--check", action="store_true", help="exit 1, changing nothing, if a module is stale"
     )
     args = parser.parse_args()
     try:
-        text = generate()
+        made = generate()
     except Stale as exc:
         print(f"async_to_sync: {exc}", file=sys.stderr)
         return 2
-    current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else None
-    if args.check:
-        if current != text:
-            print(
-                f"allocator/_sync.py is stale (not what allocator/_async.py makes): run {COMMAND}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    if current != text:
-        TARGET.write_text(text, encoding="utf-8")
-        print(f"wrote {TARGET.relative_to(ROOT)}")
+    sources = {target: name for name, target in PAIRS}
+    stale = []
+    for target, text in made.items():
+        path = PACKAGE / target
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(target)
+            if not args.check:
+                path.write_text(text, encoding="utf-8")
+                print(f"wrote allocator/{target}")
+    if args.check and stale:
+        what = ", ".join(f"allocator/{t} (from allocator/{sources[t]})" for t in stale)
+        print(f"stale, not what its source makes: {what}: run {COMMAND}", file=sys.stderr)
+        return 1
     return 0
 
 
