@@ -1,10 +1,11 @@
 """What the asyncio allocator and the blocking one do differently.
 
-`allocator/_async.py` is the one source of both: `allocator/_sync.py` is
-generated from it by docs/scripts/async_to_sync.py, which drops ``await``
-and ``async``, and renames each asyncio name of this module (``aname``,
-``AName``) to its blocking twin (``name``, ``Name``). What cannot be said
-by that rewrite is said here, once for each side, and nowhere else.
+The asyncio modules (`allocator/_async.py`, `allocator/_async_admin.py`)
+are the one source of both: the blocking ones are generated from them by
+docs/scripts/async_to_sync.py, which drops ``await`` and ``async``, and
+renames each asyncio name of this module (``aname``, ``AName``) to its
+blocking twin (``name``, ``Name``). What cannot be said by that rewrite is
+said here, once for each side, and nowhere else.
 """
 
 from __future__ import annotations

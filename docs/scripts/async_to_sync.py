@@ -19,9 +19,9 @@ relative imports too.
 
 The output is ruff-format clean by construction, with no ruff needed to
 make it (CI checks it with only the test dependencies installed): the
-rewrite only drops or shortens code, and allocator/_async.py is written so
-that its shorter twin is formatted too (a magic trailing comma where a
-shorter signature would fit on one line). Where ruff is installed, the
+rewrite only drops or shortens code, and each source is written so that
+its shorter twin is formatted too (a magic trailing comma where a shorter
+signature would fit on one line). Where ruff is installed, the
 script checks that ``ruff format`` and ``ruff check`` find nothing to
 change in the output. A rule that no longer matches anything, a line over
 100 characters, or ``asyncio`` left in the output fails the run.
@@ -67,7 +67,7 @@ def banner(source: str) -> str:
 
 LINE_LENGTH = 100  # pyproject.toml, [tool.ruff]
 
-#: Names in the code (not in strings) and their blocking twins.
+#: Names in the code (and strings that are just the name) and their blocking twins.
 RENAMES = {
     "AsyncFairAllocator": "FairAllocator",
     "AsyncAdmin": "Admin",
@@ -122,7 +122,7 @@ TEXT_RULES: list[tuple[str, str]] = [
 ]
 
 
-class Stale(Exception):
+class RewriteError(Exception):
     """The rewrite cannot be made as the rules say."""
 
 
@@ -157,19 +157,19 @@ class Used:
         """Every text rule and every name of :data:`RENAMES` matched."""
         unused = [old for (old, _), n in zip(TEXT_RULES, self.rules, strict=True) if not n]
         if unused:
-            raise Stale(f"text rules that match nothing: {unused!r}")
+            raise RewriteError(f"text rules that match nothing: {unused!r}")
         missing = sorted(set(RENAMES) - self.names)
         if missing:
-            raise Stale(f"renames that match nothing: {missing}")
+            raise RewriteError(f"renames that match nothing: {missing}")
 
 
 def rewrite(name: str, target: str, source: str, renames: dict[str, str], used: Used) -> str:
     """The source ``name`` with ``await``/``async`` dropped, names renamed and
-    the text rules applied, as ``target``; raises :class:`Stale` where that
+    the text rules applied, as ``target``; raises :class:`RewriteError` where that
     cannot be done safely."""
     first, _, rest = source.partition("\n")
     if first != source_mark(target):
-        raise Stale(f"allocator/{name} must start with the line {source_mark(target)!r}")
+        raise RewriteError(f"allocator/{name} must start with the line {source_mark(target)!r}")
     source = banner(name) + "\n" + rest
     starts = _offsets(source)
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
@@ -191,7 +191,7 @@ def rewrite(name: str, target: str, source: str, renames: dict[str, str], used: 
         if tok.type == tokenize.NAME and tok.string in ("await", "async"):
             following = tokens[i + 1]
             if tok.string == "async" and following.string not in ("def", "with", "for"):
-                raise Stale(f"{name}:{tok.start[0]}: async {following.string}")
+                raise RewriteError(f"{name}:{tok.start[0]}: async {following.string}")
             # The keyword and the space after it.
             edits.append((at(tok.start), at(following.start), ""))
         elif tok.type == tokenize.NAME and tok.string in renames:
@@ -227,7 +227,9 @@ def _refuse_in_fstring(string: str, renames: dict[str, str]) -> None:
     found = words & {"await", "async", *renames}
     found |= {old for old, _ in TEXT_RULES if old in string}
     if found:
-        raise Stale(f"an f-string holds what the rewrite changes: {sorted(found)} in {string!r}")
+        raise RewriteError(
+            f"an f-string holds what the rewrite changes: {sorted(found)} in {string!r}"
+        )
 
 
 # -- the imports, in ruff's (isort's) order again --------------------------------
@@ -303,10 +305,10 @@ def check_output(target: str, text: str) -> None:
     compile(text, target, "exec")
     for number, line in enumerate(text.splitlines(), 1):
         if len(line) > LINE_LENGTH:
-            raise Stale(f"{target}:{number} is {len(line)} characters long")
+            raise RewriteError(f"{target}:{number} is {len(line)} characters long")
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
         if tok.type == tokenize.NAME and tok.string in ("asyncio", "await", "async"):
-            raise Stale(f"{target}:{tok.start[0]} still says {tok.string}")
+            raise RewriteError(f"{target}:{tok.start[0]} still says {tok.string}")
 
 
 def ruff() -> list[str] | None:
@@ -328,13 +330,13 @@ def check_with_ruff(
     where = ["--stdin-filename", f"allocator/{target}", "-"]
     formatted = run([*command, "format", *where], input=text)
     if formatted.returncode != 0 or formatted.stdout != text:
-        raise Stale(
+        raise RewriteError(
             f"ruff format would change {target} ({formatted.stderr.strip() or 'see the diff'}):"
             f" write {name} so that its blocking twin is formatted too"
         )
     linted = run([*command, "check", "--no-fix", "--quiet", *where], input=text)
     if linted.returncode != 0:
-        raise Stale(f"ruff check finds fault with {target}:\n{linted.stdout}{linted.stderr}")
+        raise RewriteError(f"ruff check finds fault with {target}:\n{linted.stdout}{linted.stderr}")
 
 
 def generate() -> dict[str, str]:
@@ -365,7 +367,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         made = generate()
-    except Stale as exc:
+    except RewriteError as exc:
         print(f"async_to_sync: {exc}", file=sys.stderr)
         return 2
     sources = {target: name for name, target in PAIRS}
