@@ -47,6 +47,32 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     return markdown
 
 
+#: The allocators take their administration methods (extend, status, gc, ...)
+#: from a base class (allocator/_async_admin.py and the generated
+#: _sync_admin.py). mkdocstrings renders them as the class's own, but a
+#: docstring's short link (``[`extend`][]``) is looked up among the class's
+#: own members only. Each name of the reference's headings that such a link
+#: may use is registered here, after the API page is rendered, as another
+#: name of the heading of its method on the page.
+SHORT_LINKS = "allocator.FairAllocator."
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    if page.file.src_uri != "api.md":
+        return html
+    autorefs = config.plugins.get("autorefs")
+    if autorefs is None:
+        return html
+    ids = _Anchors()
+    ids.feed(html)
+    for anchor in sorted(ids.ids):
+        name = anchor.removeprefix(SHORT_LINKS)
+        # The blocking class's method: the asyncio class's docstrings say the same.
+        if name != anchor and "." not in name:
+            autorefs.register_anchor(page, name, anchor, primary=False)
+    return html
+
+
 log = logging.getLogger("mkdocs.hooks.anchors")
 
 
