@@ -17,6 +17,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from _workers import server_now
 from helpers import Background, Stepper, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
@@ -69,11 +70,6 @@ def test_holder_keeps_resource_beyond_internal_timers(pool: FairAllocator, clien
     assert (status.leased, status.waiting) == (1, 1)
     pool.release(held)
     assert waiter.join().token > held.token
-
-
-def server_now(client: Any) -> float:
-    seconds, micros = client.time()
-    return float(seconds) + micros / 1e6
 
 
 def test_timeout_racing_a_grant_passes_it_on(pool: FairAllocator) -> None:
