@@ -32,6 +32,8 @@ from harness import (
     Defer,
     Deliver,
     Exchange,
+    Hub,
+    Lead,
     Pool,
     Reading,
     Run,
@@ -39,6 +41,7 @@ from harness import (
     Wait,
     acquiring,
     alive,
+    block_for,
     end_key,
     grant_message,
     granted,
@@ -47,7 +50,9 @@ from harness import (
     make_pool,
     queued,
     refusal,
+    step_error,
     tag,
+    take_item,
     transport,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -498,3 +503,140 @@ def test_the_hub_hands_back_a_grant_whose_waiter_left(clock: Clock, pool: Pool, 
     again = reading.next(THREAD)
     assert isinstance(again, Exchange) and again.acks == [(pool.keys[PICK], [stays.lid])]
     assert reading.releases == [release]
+
+
+# -- moved here: the lead, and exceptions in the rounds (no server needed) ------------
+
+
+def test_a_grant_pushed_before_the_waiter_blocks_is_its_first_read(
+    clock: Clock, pool: Pool
+) -> None:
+    """The release ran between the enqueue and the waiter's first read:
+    the round finds the grant at once, and the waiter needs no look of its
+    own (enqueue, one wait). What it leaves to acknowledge goes with the
+    reader's thread. (From test_races.py, where a server only put the
+    release between the two.)"""
+    reading = Reading(clock)
+    waiter = waiting(reading, pool, clock, "1-1", None)
+    assert reading.take(waiter.lid)
+    exchange = reading.next(waiter.lid)
+    assert isinstance(exchange, Exchange) and exchange.keys == [reading.key(pool)]
+    reading.answer([(reading.key(pool), grant_message(waiter.lid, "1-1"))])
+    assert isinstance(reading.carry(waiter.lid), Deliver)
+    assert reading.next(waiter.lid) is None
+    waiter.reply(reading.item(waiter.lid))
+    assert waiter.done and waiter.value.resource == "r"
+    assert len(waiter.steps) == 2 and waiter.scripts() == ["acquire"]
+    assert reading.leave(waiter.lid) is None
+    assert reading.gone(waiter.lid) is THREAD and reading.lead.thread_takes()
+    ack = reading.next(THREAD)
+    assert isinstance(ack, Exchange) and ack.acks == [(pool.keys[PICK], [waiter.lid])]
+    reading.answer([])
+    assert reading.next(THREAD) is None and not reading.lead.reading  # idle: the rounds end
+
+
+def test_the_lead_decides_who_reads(clock: Clock, pool: Pool) -> None:
+    reading = Reading(clock)
+    inboxes = {lid: reading.join(pool, lid) for lid in ("a", "b", "c")}
+    lead = reading.lead
+
+    assert reading.take("a") is True and lead.reading
+    assert reading.take("b") is False
+    assert reading.take("c") is False
+    assert lead.kick() is None  # "a" leads
+    # The leader leaves: the follower that waited longest leads.
+    assert lead.leave("a") is inboxes["b"] and lead.leader == "b"
+    inboxes["b"].put(LEAD)
+    assert take_item(inboxes["b"]) is LEAD  # (a stale lead is no item)
+    assert reading.take("b") is True
+    # A follower that leaves does not touch the lead.
+    assert lead.leave("c") is None and lead.leader == "b"
+    assert lead.leave("b") is None  # nobody follows; "a", "b", "c" still registered
+    for lid in inboxes:
+        reading.hub.unregister(lid)
+    assert lead.kick() is THREAD  # nobody waits, the rounds are not over
+    assert lead.thread_takes() is True and lead.leader is THREAD
+    assert lead.leave(THREAD) is THREAD  # rounds still not ended: the thread again
+    reading.join(pool, "d")
+    assert lead.thread_takes() is False  # never while anyone waits
+
+
+def test_a_pause_outlasting_its_leader_is_finished_by_the_next() -> None:
+    lead = Lead(Hub(HEARTBEAT))
+    assert lead.pause(2.0, 100.5, 100.0) == (0.5, False)  # its time ends first
+    assert lead.pause(2.0, None, 100.5) == (1.5, True)  # the next sleeps the rest
+    assert lead.pause(1.0, 200.0, 100.0) == (1.0, True)
+    assert block_for(Exchange([], ["k"], 1.0), 100.2, 100.0) == pytest.approx(0.2)
+    assert block_for(Exchange([], ["k"], 1.0), 100.0, 100.0) == 0.01
+    assert block_for(Exchange([], [], 1.0), 100.0, 100.0) == 1.0
+    assert block_for(Exchange([], ["k"], 1.0), None, 100.0) == 1.0
+
+
+def drive_rounds(clock: Clock, throw_at: set[int], steps: int = 40) -> list[str]:
+    """Run the rounds of one waiter's lead for ``steps`` steps, the step
+    numbered in ``throw_at`` failing with an error reply; the kinds of the
+    steps."""
+    reading = Reading(clock)
+    reading.join(make_pool(), "a")
+    assert reading.take("a")
+    kinds = []
+    for number in range(steps):
+        while reading.item("a") is not LEAD:  # the waiter looks, and waits again
+            pass
+        step = reading.next("a")
+        assert step is not None and reading.lead.reading, f"the rounds ended at step {number}"
+        kinds.append(type(step).__name__)
+        if number in throw_at:
+            assert reading.fail("a", refusal(f"ERR boom {number}")) is False
+        else:
+            reading.carry("a")
+    return kinds
+
+
+def test_an_error_at_any_step_of_the_rounds_never_ends_them(clock: Clock) -> None:
+    # A failed round leads into the error branch (Deliver, then Sleep):
+    # an error there too, at once or one step later, must be taken as the
+    # first was.
+    kinds = drive_rounds(clock, set())
+    assert {"Beat", "Exchange"} <= set(kinds)
+    for first in range(12):
+        for second in (None, first + 1, first + 2, first + 3):
+            throw_at = {first} if second is None else {first, second}
+            kinds = drive_rounds(clock, throw_at)
+            assert "Sleep" in kinds
+
+
+def test_rounds_ended_by_an_exception_start_afresh_with_the_next_leader(
+    clock: Clock, pool: Pool
+) -> None:
+    # An exception raised into the leader while the rounds' own code ran
+    # (between two steps) ends them: it comes out of that leader once, the
+    # lead passes to a follower, and fresh rounds start with it; the old
+    # exception is never raised again.
+    reading = Reading(clock)
+    inboxes = {lid: reading.join(pool, lid) for lid in ("a", "b")}
+    assert reading.take("a") and not reading.take("b")
+    assert isinstance(reading.next("a"), Exchange)
+
+    def succeeded() -> None:
+        raise KeyboardInterrupt  # raised into the thread in the rounds' code
+
+    reading.hub.succeeded = succeeded  # type: ignore[method-assign]
+    reading.answer([])
+    with pytest.raises(KeyboardInterrupt):
+        reading.next("a")
+    del reading.hub.succeeded
+    assert reading.leave("a") is inboxes["b"]  # the lead passes on
+    assert reading.item("b") is LEAD and reading.take("b")
+    assert reading.carry("b") is not None and reading.lead.reading
+    assert reading.next("b") is not None
+
+
+def test_only_a_step_error_goes_to_the_rounds() -> None:
+    assert step_error("a", transport("gone"))
+    assert step_error("a", refusal())
+    assert not step_error("a", Boom())
+    assert not step_error("a", TimeoutError())  # an alarm handler's
+    assert not step_error("a", KeyboardInterrupt())
+    assert step_error(THREAD, Boom())  # nobody to raise it to
+    assert not step_error(THREAD, KeyboardInterrupt())
