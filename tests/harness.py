@@ -225,7 +225,7 @@ def grant_message(
     ttl_ms: int = 60_000,
     granted_us: int = 1_700_000_000_000_000,
 ) -> str:
-    """A grant pushed to its waiter's client's list (prelude.lua)."""
+    """A grant pushed to its waiter's client's list (lua/README.md)."""
     return f"g|{lid}|{ticket}|{token}|{granted_us}|{ttl_ms}|{resource}"
 
 
