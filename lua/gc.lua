@@ -72,16 +72,16 @@ end
 local m = redis.call('HMGET', P.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg', 'xw',
   'bhit', 'bmiss', 'wseq', 'epoch', 'ord', 'oo', 'oc')
 -- (The tenant order, prelude_tenants.lua: an order no script writes is
--- fifo; a damaged `oo` is the last ticket now, so that P:peek steps over
--- every granted one; a damaged build cursor restarts the build.)
+-- fifo; a damaged `oo` is the last ticket granted, so that P:peek steps
+-- over every granted one; a damaged build cursor restarts the build.)
 if m[12] and m[12] ~= 't' and m[12] ~= 'b' and m[12] ~= 'f' then
   redis.call('HDEL', P.META, 'ord', 'oc')
   m[12], m[14] = false, false
   repaired = repaired + 1
 end
 if m[13] and not P.is_id(m[13]) then
-  local last = redis.call('XREVRANGE', P.Q, '+', '-', 'COUNT', 1)[1]
-  redis.call('HSET', P.META, 'oo', last and last[1] or '0-0')
+  local p = redis.pcall('XPENDING', P.Q, 'g')
+  redis.call('HSET', P.META, 'oo', not p.err and p[3] or '0-0')
   repaired = repaired + 1
 end
 if m[14] and not P.is_id(m[14]) then

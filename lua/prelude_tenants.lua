@@ -35,7 +35,7 @@
 -- order, so `ld` stays where every ticket before it is not waiting
 -- (P:deliver), and P:peek steps over the granted tickets after it
 -- (P:tenant_skip); back under `fifo`, it does so until a grant passes the
--- last ticket of the moment of the switch (META `oo`).
+-- last ticket leased at the switch (META `oo`).
 
 -- A stream id `ms-seq` in fixed width (15 and 10 digits), so that the
 -- members of TW and TQ sort as the queue does.

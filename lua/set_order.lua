@@ -11,7 +11,7 @@
 -- `fifo` a while ago, `ord` = 'f': it is kept until it empties), at once.
 -- To `fifo`: at once; the index is kept until it empties (`ord` = 'f'),
 -- and since grants left queue order, P:peek steps over granted tickets
--- until `ld` passes the last ticket of now (META `oo`).
+-- until a grant passes the last one granted now (META `oo`).
 --
 -- ARGV: order ('fifo' | 'tenant'), count (tickets indexed per run, 1 to 1000)
 -- Reply: {'order', 'fifo'} | {'order', 'tenant'} | {'order', 'building'}
@@ -28,11 +28,12 @@ P:maintain()
 local tw = string.sub(P.STATS, 1, -6) .. 'tw'
 if order == 'fifo' then
   if P.ord == 't' then
-    -- Grants left queue order: every ticket up to the last one now may be
-    -- granted after `ld`.
-    local last = redis.call('XREVRANGE', P.Q, '+', '-', 'COUNT', 1)[1]
-    if last then
-      redis.call('HSET', P.META, 'oo', last[1])
+    -- Grants left queue order: the tickets granted after `ld` are leased,
+    -- so pending in the group, up to the last pending one (none: no group,
+    -- nothing was granted).
+    local p = redis.pcall('XPENDING', P.Q, 'g')
+    if not p.err and p[3] then
+      redis.call('HSET', P.META, 'oo', p[3])
     end
   end
   if P.ord == 't' or P.ord == 'b' then
