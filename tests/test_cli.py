@@ -882,3 +882,25 @@ def test_order_weight_and_the_tenants_in_status_and_leases(
     assert code == 2 and "invalid choice" in err
     code, _, err = run(capsys, "weight", "ten", "x", "500")
     assert code == 2 and "0.01 to 100" in err
+
+
+def test_bench_two_tenants_reports_both_orders(
+    env: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``allocator bench --only tenants`` runs the two-tenant load in the
+    order fifo and in the order tenant, and reports the lone tenant's wait
+    and the CPU per grant of each (figures 9a to 9c; their verdicts are
+    timings, which this test does not judge)."""
+    out = tmp_path / "bench.json"
+    main(["bench", "--quick", "--only", "tenants", "--window", "1", "--json", str(out)])
+    capsys.readouterr()
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["failed_scenarios"] == [] and report["problems"] == []
+    rows = {row["key"]: row for row in report["rows"]}
+    assert set(rows) == {"9a", "9b", "9c"}
+    for row in rows.values():
+        assert row["value"] > 0 and row["baseline"] > 0, row
+    details = report["details"]["tenants"]
+    for order in ("fifo", "tenant"):
+        (run,) = details[order]["runs"]
+        assert run["lone_grants"] > 0 and run["burst_grants"] > 0, run

@@ -24,9 +24,12 @@ Scenarios (``--only`` picks some) and the figures they give:
                  7   10,000 asyncio tasks in one process: served in order,
                      the commands a second the waiting process sends,
                      on at most 2 waiting connections
+``tenants``      9   two tenants, one queueing bursts of 50, the other a
+                     request now and then: the lone request's wait and the
+                     Redis CPU per grant, order tenant vs fifo
 
 The scenarios live in one module each (:mod:`.uncontended`, :mod:`.contended`,
-:mod:`.large`, :mod:`.waiters`, on :mod:`.base`; :mod:`.scenarios` puts them
+:mod:`.large`, :mod:`.waiters`, :mod:`.tenants`, on :mod:`.base`; :mod:`.scenarios` puts them
 together), the arithmetic in
 :mod:`allocator.cli.bench.stats` (pure, unit-tested), the worker processes in
 :mod:`allocator.cli.bench.workers`.
@@ -68,7 +71,7 @@ def register(commands: Any) -> None:
     bench.set_defaults(run=run)
 
 
-SCENARIOS = ("uncontended", "handoff", "throughput", "large", "waiters")
+SCENARIOS = ("uncontended", "handoff", "throughput", "large", "waiters", "tenants")
 
 
 @attrs.frozen
@@ -90,6 +93,12 @@ class Plan:
     waiters: int
     extend_chunk: int = 1000
     helper_connections: int = 16
+    #: The ``tenants`` scenario: a burst's size, the pool's resources, the
+    #: hold of a lease and the lone tenant's gap between two requests.
+    tenant_burst: int = 50
+    tenant_resources: int = 2
+    tenant_hold_s: float = 0.002
+    tenant_gap_s: float = 0.02
 
     def describe(self) -> str:
         mode = "quick mode (fewer samples, 8 processes only)" if self.quick else "full mode"
@@ -269,7 +278,7 @@ def _step_count(plan: Plan, scenarios: Iterable[str]) -> int:
     for name in scenarios:
         if name == "handoff":
             steps += 2 * plan.rounds * len(plan.handoff_procs)
-        elif name == "throughput":
+        elif name in ("throughput", "tenants"):
             steps += 2 * plan.rounds
         else:
             steps += 1

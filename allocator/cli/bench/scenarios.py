@@ -28,13 +28,14 @@ from allocator.cli.bench.large import Large
 from allocator.cli.bench.stats import (
     format_value,
 )
+from allocator.cli.bench.tenants import Tenants
 from allocator.cli.bench.uncontended import Uncontended
 from allocator.cli.bench.waiters import Waiters
 
 __all__ = ["Bench", "BenchError", "RunResult"]
 
 
-class Bench(Uncontended, Contended, Large, Waiters):
+class Bench(Uncontended, Contended, Large, Waiters, Tenants):
     """One benchmark run against one server: runs the scenarios (one class
     each, in their own modules), collects rows, writes the report."""
 
@@ -45,6 +46,7 @@ class Bench(Uncontended, Contended, Large, Waiters):
             "throughput": self.throughput,
             "large": self.large,
             "waiters": self.waiters,
+            "tenants": self.tenants,
         }
         for name in scenarios:
             try:

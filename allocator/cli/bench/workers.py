@@ -1,9 +1,11 @@
 """Code that runs in the benchmark's worker processes.
 
-Two kinds of process: a *contended worker* loops acquire / hold / release on a
+Three kinds of process: a *contended worker* loops acquire / hold / release on a
 pool (the library's, or the token-list baseline) and reports every grant; the
 *waiters helper* parks thousands of asyncio tasks on one ``AsyncFairAllocator``
-and, once released, reports the order in which they were served.
+and, once released, reports the order in which they were served; a *tenants
+worker* is one of the two tenants of the ``tenants`` scenario (bursts, or a
+lone request now and then).
 
 Both talk to the parent over a ``multiprocessing`` pipe and never raise: an
 error travels back as ``("error", traceback_text)``. The entry points are
@@ -27,7 +29,15 @@ import redis.asyncio
 
 from allocator.cli.bench.stats import GrantSample
 
-__all__ = ["ContendedSpec", "WaitersSpec", "contended_worker", "sync_client", "waiters_helper"]
+__all__ = [
+    "ContendedSpec",
+    "TenantsSpec",
+    "WaitersSpec",
+    "contended_worker",
+    "sync_client",
+    "tenants_worker",
+    "waiters_helper",
+]
 
 LIBRARY = "library"
 TOKENS = "tokens"
@@ -330,3 +340,96 @@ async def _wait_for_waiting(
             return waiting
         await asyncio.sleep(0.02)
     return waiting
+
+
+# --- the two tenants ---------------------------------------------------------
+
+
+@attrs.frozen
+class TenantsSpec:
+    """One of the two tenants of the ``tenants`` scenario on one pool: the
+    ``burst`` one queues ``burst`` requests at once, again as soon as they
+    are served; the ``lone`` one a request every ``gap_s``. Each request
+    holds its lease ``hold_s``."""
+
+    role: str
+    url: str
+    pool: str
+    prefix: str
+    burst: int
+    hold_s: float
+    gap_s: float
+    run_ns: int
+    client_name: str
+    cluster: bool = False
+
+
+def tenants_worker(spec: TenantsSpec, conn: Connection) -> None:
+    """Process entry: as :func:`contended_worker` (``ready``, the start
+    time, ``done``), reporting ``{"grants": n, "waits_ns": [...] (the lone
+    tenant's), "errors": [...]}``."""
+    try:
+        from allocator import FairAllocator
+
+        client = sync_client(
+            spec.url, spec.cluster, socket_timeout=SOCKET_TIMEOUT, client_name=spec.client_name
+        )
+        client.ping()
+        pool = FairAllocator(client, spec.pool, prefix=spec.prefix, tenant=spec.role)
+        conn.send(("ready", None))
+        start_ns = conn.recv()
+        if not isinstance(start_ns, int):
+            return
+        delay = start_ns - time.monotonic_ns()
+        if delay > 0:
+            time.sleep(delay / 1e9)
+        stop_ns = start_ns + spec.run_ns
+        run = _burst_loop if spec.role == "burst" else _lone_loop
+        conn.send(("done", run(pool, spec, stop_ns)))
+    except BaseException:
+        _send_error(conn)
+    finally:
+        conn.close()
+
+
+def _burst_loop(pool: Any, spec: TenantsSpec, stop_ns: int) -> dict[str, Any]:
+    import threading
+
+    grants: list[int] = []
+    errors: list[str] = []
+
+    def one() -> None:
+        try:
+            lease = pool.acquire(timeout=SOCKET_TIMEOUT)
+            time.sleep(spec.hold_s)
+            pool.release(lease)
+            grants.append(1)
+        except Exception as exc:
+            errors.append(repr(exc))
+
+    while time.monotonic_ns() < stop_ns:
+        threads = [threading.Thread(target=one, daemon=True) for _ in range(spec.burst)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return {"grants": len(grants), "waits_ns": [], "errors": errors}
+
+
+def _lone_loop(pool: Any, spec: TenantsSpec, stop_ns: int) -> dict[str, Any]:
+    waits: list[int] = []
+    errors: list[str] = []
+    while True:
+        time.sleep(spec.gap_s)
+        t_wait = time.monotonic_ns()
+        if t_wait >= stop_ns:
+            break
+        try:
+            lease = pool.acquire(timeout=SOCKET_TIMEOUT)
+        except Exception as exc:
+            errors.append(repr(exc))
+            continue
+        waits.append(time.monotonic_ns() - t_wait)
+        time.sleep(spec.hold_s)
+        pool.release(lease)
+    return {"grants": len(waits), "waits_ns": waits, "errors": errors}
