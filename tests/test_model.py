@@ -178,11 +178,21 @@ names_st = st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True)
 class PoolMachine(RuleBasedStateMachine):
     url: str = ""
 
+    #: The pool's order (docs/concepts.md#tenants): under "tenant", requests
+    #: name tenants; which resource a grant picks, and every count, must be
+    #: what the model says all the same (a priority orders resources, not
+    #: tenants), and the leases per tenant add up.
+    order = "fifo"
+
     def __init__(self) -> None:
         super().__init__()
         self.client = redis.Redis.from_url(self.url)
         self.pool = FairAllocator(self.client, f"model-{uuid.uuid4().hex[:12]}", lease_ttl=LONG)
+        if self.order != "fifo":
+            self.pool.set_order(self.order)
         self.model = Model()
+        #: The tenant of each lease acquired (by lease id).
+        self.tenant_of: dict[str, str] = {}
 
     def teardown(self) -> None:
         self.client.close()
@@ -197,9 +207,10 @@ class PoolMachine(RuleBasedStateMachine):
         added = self.pool.extend(names, capacity=cap, priority=priority)
         assert added == self.model.extend(names, cap, priority)
 
-    @rule()
-    def acquire(self) -> None:
-        lease = self.pool.acquire(blocking=False, ttl=LONG)
+    @rule(tenant=st.sampled_from(["", "", "a", "b"]))
+    def acquire(self, tenant: str) -> None:
+        named = {"tenant": tenant} if self.order != "fifo" else {}
+        lease = self.pool.acquire(blocking=False, ttl=LONG, **named)
         self.model.tick()
         expected = self.model.choose()
         if expected is None:
@@ -210,6 +221,7 @@ class PoolMachine(RuleBasedStateMachine):
         previous = self.model.last_token.get(lease.resource)
         assert previous is None or lease.token > previous, (previous, lease.token)
         self.model.grant(lease)
+        self.tenant_of[lease.id] = tenant if self.order != "fifo" else ""
 
     @rule(index=st.integers(0, 1000), quarantine=st.booleans())
     def release(self, index: int, quarantine: bool) -> None:
@@ -266,14 +278,25 @@ class PoolMachine(RuleBasedStateMachine):
             assert got == (r.cap, r.priority, r.used, state), name
         live = sum(1 for h in model.held if h.state == "live")
         assert live == status.leased
+        if self.order != "fifo":
+            assert status.order == self.order
+            per_tenant: dict[str, int] = {}
+            for h in model.held:
+                if h.state == "live":
+                    name = self.tenant_of[h.lease.id]
+                    per_tenant[name] = per_tenant.get(name, 0) + 1
+            shown = {t.name: t.leases for t in status.tenants if t.leases}
+            assert shown == per_tenant
 
 
-def test_pool_matches_the_model(redis_url: str) -> None:
+@pytest.mark.parametrize(("order", "examples"), [("fifo", 200), ("tenant", 60)])
+def test_pool_matches_the_model(redis_url: str, order: str, examples: int) -> None:
     PoolMachine.url = redis_url
+    PoolMachine.order = order
     run_state_machine_as_test(
         PoolMachine,
         settings=settings(
-            max_examples=200,
+            max_examples=examples,
             stateful_step_count=50,
             deadline=None,
             derandomize=True,
