@@ -47,7 +47,7 @@ end
 
 local tenant = ARGV[11] or ''
 if tenant ~= '' then
-  local bad = P:tenant_arg('acquire', tenant)
+  local bad = P:arg('acquire', 'tenant', tenant, 'tenant', 200)
   if bad then
     return bad
   end

@@ -34,7 +34,7 @@ end
 n = tonumber(n)
 local reclaim = ARGV[8] == '1' and string.sub(cid, 1, 2) == 'p.'
 local tenant = ARGV[10] or ''
-bad = P:tenant_arg('acquire_many', tenant)
+bad = P:arg('acquire_many', 'tenant', tenant, 'tenant', 200)
 if bad then
   return bad
 end

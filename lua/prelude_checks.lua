@@ -44,7 +44,9 @@ end
 -- 'name'  a resource name: text of 1 to 1024 characters, UTF-8 (names go
 --         back to Python, which decodes them), no control character (a
 --         NUL would break the lex ranges of HELD and RLOG, `<name>\0...`;
---         Python refuses every control character).
+--         Python refuses every control character);
+-- 'tenant' '' (none), or as 'name' in 1 to a characters (the lex ranges of
+--         the tenant index, prelude_tenants.lua).
 function P:arg(op, name, v, kind, a, b)
   local why
   if kind == 'int' or kind == 'num' then
@@ -58,14 +60,17 @@ function P:arg(op, name, v, kind, a, b)
       return nil
     end
     why = "must be '0' or '1'"
+  elseif kind == 'tenant' and v == '' then
+    return nil
   else
+    local named = kind == 'name' or kind == 'tenant'
     local limit = kind == 'name' and 1024 or a
     if not v or v == '' or (#v > limit and (#v > 4 * limit or
         #v - select(2, string.gsub(v, '[\128-\191]', '')) > limit)) then
       why = 'must be 1 to ' .. limit .. ' characters long'
-    elseif kind == 'name' and string.find(v, '%c') then
+    elseif named and string.find(v, '%c') then
       why = 'must hold no control character'
-    elseif kind == 'name' and not self.utf8(v) then
+    elseif named and not self.utf8(v) then
       why = 'must be UTF-8 text'
     end
     for i = 1, kind == 'text' and b and #b or 0 do

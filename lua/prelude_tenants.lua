@@ -30,22 +30,12 @@
 -- ticket joins it in the run that queues it); switching to it builds the
 -- index in bounded steps (set_order.lua, META `ord` = 'b' meanwhile, the
 -- queue still served in stream order); switched back to `fifo`, the index
--- is kept up until it empties (`ord` = 'f', P:tenant_empty), so that a
+-- is kept up until it empties (`ord` = 'f', P:tenant_line), so that a
 -- switch to `tenant` then is one step. Grants under `tenant` leave queue
 -- order, so `ld` stays where every ticket before it is not waiting
 -- (P:deliver), and P:peek steps over the granted tickets after it
 -- (P:tenant_skip); back under `fifo`, it does so until a grant passes the
 -- last ticket leased at the switch (META `oo`).
-
--- A stream id `ms-seq` in fixed width (15 and 10 digits), so that the
--- members of TW and TQ sort as the queue does.
-function P.tid(id)
-  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
-  if not ms then
-    return id
-  end
-  return string.rep('0', 15 - #ms) .. ms .. string.rep('0', 10 - #seq) .. seq
-end
 
 -- The upkeep of the index for ticket `id` of tenant T (`op`):
 -- 'join'  it waits: in its tenant's line; a tenant that did not wait enters
@@ -71,7 +61,10 @@ function P:tenant_line(op, T, id, mend)
     local e = redis.call('XRANGE', self.Q, id, id)[1]
     T = e and self.ticket_of(e).T or ''
   end
-  local tid = self.tid(id)
+  -- The ticket's id in fixed width (15 and 10 digits), so that members
+  -- sort as the queue does.
+  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
+  local tid = ms and string.rep('0', 15 - #ms) .. ms .. string.rep('0', 10 - #seq) .. seq or id
   local me, lo, hi, n = T .. '\0' .. tid, '[' .. T .. '\0', '(' .. T .. '\1', #T + 2
   local added, removed = false, false
   if op == 'join' then
@@ -104,7 +97,11 @@ function P:tenant_line(op, T, id, mend)
       -- (Building: an older ticket found after a newer one of its tenant.)
       redis.call('ZREM', tq, hex .. string.sub(line[2], n) .. T)
     else
-      local floor = self:tenant_floor(tq, f[3])
+      -- The floor: the least count of the tenants waiting, or with nobody
+      -- waiting the start of the last grant (`v`).
+      local first = redis.call('ZRANGE', tq, '0', '0')[1]
+      local floor = first and tonumber(string.sub(first, 1, 14), 16) or
+        (f[3] and #f[3] == 14 and tonumber(f[3], 16)) or 0
       if floor > c then
         hex = string.format('%014x', floor)
         redis.call('HSET', ten, 'c|' .. T, hex)
@@ -117,56 +114,46 @@ function P:tenant_line(op, T, id, mend)
       redis.call('ZREM', tq, hex .. tid .. T)
       if line[2] then
         redis.call('ZADD', tq, '0', hex .. string.sub(line[2], n) .. T)
-      else
-        self:tenant_empty(tw, tq)
+        return
       end
     end
-    return
-  end
-  -- A grant. The start: its tenant's count if it was waiting (its entry
-  -- goes, and comes back with the new count while it still waits), else
-  -- the floor.
-  local s, was = c, line[1]
-  if was then
-    redis.call('ZREM', tq, hex .. string.sub(was, n) .. T)
-    if removed and was == me then
-      was = line[2]
-    end
   else
-    s = math.max(c, self:tenant_floor(tq, f[3]))
+    -- A grant. The start: its tenant's count if it was waiting (its entry
+    -- goes, and comes back with the new count while it still waits), else
+    -- the floor.
+    local s, was = c, line[1]
+    if was then
+      redis.call('ZREM', tq, hex .. string.sub(was, n) .. T)
+      if removed and was == me then
+        was = line[2]
+      end
+    else
+      -- (The floor, as for a join.)
+      local first = redis.call('ZRANGE', tq, '0', '0')[1]
+      s = math.max(c, first and tonumber(string.sub(first, 1, 14), 16) or
+        (f[3] and #f[3] == 14 and tonumber(f[3], 16)) or 0)
+    end
+    local w = tonumber(f[2])
+    local step = 10000
+    if w and w >= 0.01 and w <= 100 then
+      step = math.floor(10000 / w + 0.5)
+    end
+    hex = string.format('%014x', s + step)
+    if was then
+      redis.call('ZADD', tq, '0', hex .. string.sub(was, n) .. T)
+    end
+    redis.call('HSET', ten, 'c|' .. T, hex, 'v', string.format('%014x', s))
+    if was then
+      return
+    end
   end
-  local w = tonumber(f[2])
-  local step = 10000
-  if w and w >= 0.01 and w <= 100 then
-    step = math.floor(10000 / w + 0.5)
-  end
-  hex = string.format('%014x', s + step)
-  if was then
-    redis.call('ZADD', tq, '0', hex .. string.sub(was, n) .. T)
-  elseif removed then
-    self:tenant_empty(tw, tq)
-  end
-  redis.call('HSET', ten, 'c|' .. T, hex, 'v', string.format('%014x', s))
-end
-
--- Back under `fifo` (META `ord` = 'f'), the index is kept until it empties
--- (a tenant's last waiter left it): then it goes, and with it the upkeep.
-function P:tenant_empty(tw, tq)
-  if self.ord == 'f' and redis.call('EXISTS', tw) == 0 then
+  -- Its tenant's line emptied. Back under `fifo` (META `ord` = 'f'), the
+  -- index is kept until it empties: then it goes, and with it the upkeep.
+  if removed and self.ord == 'f' and redis.call('EXISTS', tw) == 0 then
     redis.call('DEL', tq)
     redis.call('HDEL', self.META, 'ord', 'oc')
     self.ord = false
   end
-end
-
--- The least count of the tenants waiting, or with nobody waiting the start
--- of the last grant (`v`, read already).
-function P:tenant_floor(tq, v)
-  local first = redis.call('ZRANGE', tq, '0', '0')[1]
-  if first then
-    return tonumber(string.sub(first, 1, 14), 16) or 0
-  end
-  return v and #v == 14 and tonumber(v, 16) or 0
 end
 
 -- The next waiter under the tenant order, as a ticket: the first of the
@@ -182,7 +169,9 @@ function P:tenant_next(after)
     local m, id
     if after then
       local T = after.T or ''
-      local nxt = redis.call('ZRANGEBYLEX', tw, '(' .. T .. '\0' .. self.tid(after.id),
+      local ms, seq = string.match(after.id, '^(%d+)%-(%d+)$')
+      local tid = ms and string.rep('0', 15 - #ms) .. ms .. string.rep('0', 10 - #seq) .. seq
+      local nxt = tid and redis.call('ZRANGEBYLEX', tw, '(' .. T .. '\0' .. tid,
         '(' .. T .. '\1', 'LIMIT', '0', '1')[1]
       if nxt then
         id = string.sub(nxt, #T + 2)
@@ -240,19 +229,4 @@ function P:tenant_skip(e)
     e = redis.call('XRANGE', self.Q, '(' .. e[1], '+', 'COUNT', 1)[1]
   end
   return nil
-end
-
--- A tenant argument: '' (no tenant), or 1 to 200 characters of UTF-8, no
--- control character. nil if good, else the error reply.
-function P:tenant_arg(op, v)
-  if v == '' then
-    return nil
-  end
-  local bad = self:arg(op, 'tenant', v, 'text', 200)
-  if not bad and string.find(v, '%c') then
-    bad = self:bad_arg(op, 'tenant', 'must hold no control character', v)
-  elseif not bad and not self.utf8(v) then
-    bad = self:bad_arg(op, 'tenant', 'must be UTF-8 text', v)
-  end
-  return bad
 end

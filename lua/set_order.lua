@@ -39,8 +39,12 @@ if order == 'fifo' then
   if P.ord == 't' or P.ord == 'b' then
     P.ord = 'f'
     redis.call('HSET', P.META, 'ord', 'f')
-    -- (An index with nobody in it goes at once.)
-    P:tenant_empty(tw, string.sub(P.STATS, 1, -6) .. 'tq')
+    -- An index with nobody in it goes at once (else with its last waiter,
+    -- P:tenant_line).
+    if redis.call('EXISTS', tw) == 0 then
+      redis.call('DEL', string.sub(P.STATS, 1, -6) .. 'tq')
+      redis.call('HDEL', P.META, 'ord', 'oc')
+    end
   end
   return {'order', 'fifo'}
 end

@@ -11,7 +11,7 @@
 local tenant, w = ARGV[1], ARGV[2]
 local n = w and string.find(w, '^%d[%d.eE+-]*$') and tonumber(w)
 local bad = (tenant == nil and P:bad_arg('set_weight', 'tenant', 'is missing', nil)) or
-  P:tenant_arg('set_weight', tenant) or
+  P:arg('set_weight', 'tenant', tenant, 'tenant', 200) or
   (not (n and n >= 0.01 and n <= 100) and
     P:bad_arg('set_weight', 'weight', 'must be a number from 0.01 to 100', w))
 if bad then
