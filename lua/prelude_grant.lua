@@ -47,7 +47,8 @@ function P:grant(t, best, self_lid)
   -- The floor is the common case; a second grant in the same microsecond
   -- (capacity > 1) takes the next number.
   local token = self.now_s
-  local fence = tonumber(r.fence)
+  -- (Digits: P:res_load checked them, and a stuck resource is never granted.)
+  local fence = r.fence + 0
   if fence >= self.now_us then
     token = string.format('%.0f', fence + 1)
     if tonumber(token) >= 9007199254740992 then
@@ -66,7 +67,7 @@ function P:grant(t, best, self_lid)
   self:place(name, r, true)
   self:res_save(name, r)
 
-  local deadline = self.now + (t.tn or tonumber(t.t))
+  local deadline = self.now + (t.tn or t.t)
   local dl = self.istr(deadline)
   local L = {
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,

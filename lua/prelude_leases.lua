@@ -29,7 +29,7 @@ function P:lease_load(lid)
     return nil, nil, raw
   end
   return {
-    ticket = ticket, token = token, granted = granted, deadline = tonumber(deadline),
+    ticket = ticket, token = token, granted = granted, deadline = deadline + 0,
     ttl = ttl, cid = cid, pickup = pickup, res = res,
   }, raw
 end

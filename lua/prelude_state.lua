@@ -26,7 +26,9 @@
 local P
 do
   local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- (Arithmetic turns the digits of TIME into numbers for about a third
+  -- of what tonumber costs, a call of a global function.)
+  local us = t[1] * 1000000 + t[2]
   P = {
     META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
     Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
@@ -37,6 +39,6 @@ do
     -- poll, cancel).
     OWN = KEYS[18],
     records = {},
-    now_us = us, now = math.floor(us / 1000), now_s = t[1] .. string.sub('00000' .. t[2], -6),
+    now_us = us, now = (us - us % 1000) / 1000, now_s = t[1] .. string.sub('00000' .. t[2], -6),
   }
 end
