@@ -46,9 +46,11 @@ P.BATCH = 64
 -- DROP_LIMIT with dead tickets left at the head.
 P.reclaimed, P.dropped, P.more = 0, 0, false
 -- META, read by P:meta (`ld` false: not read yet); the hint last given
--- ({tag, key, msg}); the caller's own hint (P:hint); the time as hex
+-- ({tag, key, msg}; false: not read yet, P:hints; NO_HINT: none, never
+-- changed in place); the caller's own hint (P:hint); the time as hex
 -- (P:now_stamp).
 P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+P.NO_HINT, P.hint_tag = {false, false, false}, false
 -- The length of the pool's event log (META `ev`), false while it is off.
 P.ev = false
 -- A released resource kept aside for the queue head (P:settle).

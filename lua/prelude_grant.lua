@@ -125,7 +125,9 @@ function P:serve(self_lid, waits)
   if not self_lid and not waits and self:waiting() <= 0 then
     return nil
   end
-  self:meta()
+  if not self.ld then
+    self:meta()
+  end
   local drops = 0
   -- Clients found gone in this run: a crowd's tickets are dropped without
   -- asking again for each (a client has many waiters, one after another).

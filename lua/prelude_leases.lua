@@ -92,7 +92,9 @@ end
 function P:end_lease(lid, L)
   redis.call('HDEL', self.RECS, lid)
   redis.call('ZREM', self.EXP, lid)
-  self:claim(lid, L, self.SIG .. L.cid)
+  if L.pickup == '1' then
+    self:claim(lid, L, self.SIG .. L.cid)
+  end
   redis.call('XACK', self.Q, 'g', L.ticket)
   redis.call('XDEL', self.Q, L.ticket)
   redis.call('ZREM', self.HELD, L.res .. '\0' .. lid)

@@ -187,7 +187,9 @@ end
 function P:schedule(key, at, member, text, wakes)
   text = text or self.istr(at) or at
   redis.call('ZADD', key, text, member)
-  self:meta()
+  if not self.ld then
+    self:meta()
+  end
   if at < self.nd then
     self.nd = at
     redis.call('HSET', self.META, 'nd', text)

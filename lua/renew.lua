@@ -37,7 +37,9 @@ end
 L.deadline = P.now + ttl
 local dl = P.istr(L.deadline)
 -- Renewing, the holder shows it has the grant.
-P:claim(lid, L, P.SIG .. L.cid)
+if L.pickup == '1' then
+  P:claim(lid, L, P.SIG .. L.cid)
+end
 P:lease_save(lid, L, dl)
 P:schedule(P.EXP, L.deadline, lid, dl)
 P:dispatch(nil)
