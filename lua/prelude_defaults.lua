@@ -51,6 +51,8 @@ P.reclaimed, P.dropped, P.more = 0, 0, false
 -- (P:now_stamp).
 P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
 P.NO_HINT, P.hint_tag = {false, false, false}, false
+-- Resource record text -> its `rv` (P:counts); [1]: how many it holds.
+P.RV_OF = {0}
 -- The length of the pool's event log (META `ev`), false while it is off.
 P.ev = false
 -- A released resource kept aside for the queue head (P:settle).

@@ -26,7 +26,7 @@ if not L or L.ticket ~= ticket then
   P:dispatch(nil)
   return {'lost'}
 end
-if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
+if L.deadline <= P.now or not P:counts(L) then
   P:end_and_settle(lid, L)
   if L.deadline <= P.now then
     P:event('expire', L.res, L.token, L.cid)
