@@ -87,7 +87,9 @@ end
 -- nothing else of the record: only its `rv`, which depends on the record's
 -- text alone (P:res_load; P:res_mend reads other keys only for other
 -- fields). In the Functions library the `rv` of a text is kept across
--- calls (RV_OF: up to 1,000 texts, then it starts again), and a resource's
+-- calls (RV_OF: up to 1,000 texts, then it starts again; a record is at
+-- most about 1,100 bytes, so about 1 MB of Lua memory at worst, far less
+-- with short names), and a resource's
 -- record only changes when one of its leases is granted or ends: most
 -- renews skip the parse and the record's table (about 15,000
 -- instructions). As a script (EVALSHA) RV_OF is made on every call, and
