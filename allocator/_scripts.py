@@ -402,14 +402,19 @@ def scripts() -> Scripts:
 
 
 def load_functions(client: Any) -> str:
-    """Load this version's Functions library on the server of ``client`` (a
-    blocking ``redis.Redis``; a ``RedisCluster`` loads it on every master) and
-    return its name. For an admin: the library loads itself on first use,
-    unless the users' ACL allows ``FCALL`` but not ``FUNCTION LOAD`` (the
-    least-privilege role in docs/operations.md). Needs Redis >= 7 or Valkey.
+    """Load this version's Functions library on the server of `client` (a
+    blocking `redis.Redis`; on a `redis.cluster.RedisCluster`, on every
+    master) and return its name, `allocator_<digest>`. Needs Redis >= 7 or
+    Valkey.
 
-    An asyncio client raises ``TypeError`` (its command would only be a
-    coroutine, never run): ``await load_functions_async(client)`` instead.
+    For an admin: the library loads itself on a pool's first write
+    (`status()`, `leases()`, `stats()` and `clients()` never load it:
+    without it they run as read-only scripts), unless the users' ACL allows
+    `FCALL` but not `FUNCTION LOAD`
+    ([operations](operations.md#only-the-librarys-own-code)).
+
+    An asyncio client raises `TypeError` (its command would only be a
+    coroutine, never run): `await load_functions_async(client)` instead.
     """
     if client_kind(client) != "sync":
         raise TypeError(
@@ -422,8 +427,10 @@ def load_functions(client: Any) -> str:
 
 
 async def load_functions_async(client: Any) -> str:
-    """Same as :func:`load_functions`, awaitable, for an asyncio client
-    (``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster``)."""
+    """Same as [`load_functions`][allocator.load_functions], awaitable, for
+    an asyncio client (`redis.asyncio.Redis`,
+    `redis.asyncio.cluster.RedisCluster`); a blocking one raises
+    `TypeError`."""
     if client_kind(client) != "async":
         raise TypeError(
             "client is a blocking client: load_functions_async needs an asyncio one; "
