@@ -12,7 +12,8 @@ from typing import Any
 
 from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io
 from allocator._core.holding import Holds
-from allocator._core.steps import RECHECK, Call, Defer, Pending, Settle, Sleep, Wait
+from allocator._core.messages import RECHECK
+from allocator._core.steps import Call, Defer, Pending, Settle, Sleep, Wait
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:

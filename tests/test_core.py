@@ -30,6 +30,7 @@ from allocator import (
 from allocator._core.hub import Hub
 from allocator._core.keys import _escape
 from allocator._core.liveness import HEARTBEAT, HEARTBEAT_PRESENT
+from allocator._core.messages import target
 from allocator._core.pool import Pool
 from allocator._core.replies import _tagged
 from allocator._scripts import OPERATIONS, load_scripts
@@ -250,7 +251,7 @@ def test_messages() -> None:
     assert pool._message(grant, "other", "5-1") is None
     assert pool._message("h|lid|250", "lid", "5-1") == 0.25
     assert pool._message("garbage", "lid", "5-1") is None
-    assert pool.message_target("garbage") == ""
+    assert target("garbage") == ""
     assert pool.release_message("h|lid|5") is None
     assert pool.release_message(grant) is not None
 

@@ -23,8 +23,8 @@ from allocator import AcquireTimeout, Lease, LeaseLost
 
 def test_core_reads_a_multi_grant_reply_and_its_messages() -> None:
     from allocator._core.hub import Hub
+    from allocator._core.messages import RECHECK
     from allocator._core.pool import Pool
-    from allocator._core.steps import RECHECK
 
     pool = Pool.create("p", lease_ttl=1, bind_ttl=1, prefix="a")
     row = ["5-{}", "17950000000000{}", "1795357126155123", "1795357126215", "60000", "gpu|{}"]

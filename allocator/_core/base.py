@@ -27,21 +27,9 @@ from .checks import (
     _text,
 )
 from .keys import KEY_SUFFIXES, _escape
+from .messages import Grant, for_waiter, grant_of, many_id
 from .replicas import Confirmed
-from .replies import (
-    _BUSY,
-    _GONE,
-    DELETED,
-    State,
-    _decode,
-    _many_index,
-    _stream_id,
-    _tagged,
-    _unexpected,
-    many_id,
-    request_of,
-    server_refusal,
-)
+from .replies import _BUSY, _GONE, State, _decode, _tagged, _unexpected, server_refusal
 from .retry import (
     BACKOFF_CAP,
     FAILOVER_BUDGET,
@@ -51,7 +39,7 @@ from .retry import (
     Retrier,
     try_deadline,
 )
-from .steps import RECHECK, Call, Command, Flow, Sleep
+from .steps import Call, Command, Flow, Sleep
 
 _log = logging.getLogger("allocator")
 
@@ -213,44 +201,16 @@ class PoolBase:
     def _message(
         self, message: Any, lid: str, ticket: str, count: int | None = None
     ) -> Lease | float | str | None:
-        """A message from the signal list: this waiter's grant, a hint (seconds
-        until it should look again), RECHECK, or None for anything stale.
-        A waiter of acquire_many (``count``) takes the grant of any of its
-        leases: the first on its own ticket, the others on the entries
-        behind it."""
-        text = _decode(message)
-        if text == RECHECK:
-            return RECHECK
-        kind, _, rest = text.partition("|")
-        if kind == "g":
-            fields = rest.split("|", 5)
-            if len(fields) == 6 and (
-                (fields[0] == lid and fields[1] == ticket)
-                or (
-                    count is not None
-                    and _many_index(fields[0], lid) in range(1, count)
-                    and _stream_id(fields[1]) > _stream_id(ticket)
-                )
-            ):
-                lease_id, _, token, granted_us, ttl_ms, resource = fields
-                deadline_ms = int(granted_us) // 1000 + int(ttl_ms)
-                return self._lease(
-                    lease_id, [fields[1], token, granted_us, deadline_ms, ttl_ms, resource]
-                )
-        elif kind == "h":
-            target, _, delay = rest.partition("|")
-            if target == lid:
-                return int(delay) / 1000
-        elif kind == "x" and request_of(rest) == lid:
-            # The grant was taken back while this client looked gone: the
-            # waiter must look again (and queue again) at once.
-            return RECHECK
-        elif kind == "d" and request_of(rest) == lid:
-            # The pool was deleted (delete(force=True)): give up, and never
-            # queue again (that would make the pool anew). For acquire_many,
-            # the notice may name any lease of the request.
-            return DELETED
-        return None
+        """What a message from the signal list means to waiter ``lid``
+        (:func:`~.messages.for_waiter`), its grant made a :class:`Lease`."""
+        seen = for_waiter(message, lid, ticket, count)
+        if isinstance(seen, Grant):
+            deadline_ms = int(seen.granted_us) // 1000 + int(seen.ttl_ms)
+            return self._lease(
+                seen.lease_id,
+                [seen.ticket, seen.token, seen.granted_us, deadline_ms, seen.ttl_ms, seen.resource],
+            )
+        return seen
 
     def _check_lease(self, lease: object) -> Lease:
         """A lease's fields are the caller's to change (``attrs.evolve``, a
@@ -362,14 +322,9 @@ class PoolBase:
         the release that passes it on (None if ``message`` is no grant). Only
         if nobody claimed it: the waiter may have been handed it in a poll
         reply while the reader held the message."""
-        kind, _, rest = _decode(message).partition("|")
-        fields = rest.split("|", 5)
-        if kind != "g" or len(fields) != 6:
+        grant = grant_of(message)
+        if grant is None:
             return None
-        return Call("release", self.keys, (fields[0], fields[1], "", "1"), lambda reply: reply)
-
-    @staticmethod
-    def message_target(message: Any) -> str:
-        """The lease id a signal-list message is for ('' if it names none)."""
-        parts = _decode(message).split("|", 2)
-        return parts[1] if len(parts) > 1 else ""
+        return Call(
+            "release", self.keys, (grant.lease_id, grant.ticket, "", "1"), lambda reply: reply
+        )

@@ -40,6 +40,7 @@ import random
 import attrs
 
 from .liveness import GRACE
+from .messages import ended_lease
 
 #: How often the watch sends a PING while a lease that ends with its
 #: holder's presence is held, so that a connection that stopped answering
@@ -134,8 +135,9 @@ class Holds:
         end of a lease is taken (:meth:`ended`); anything else is passed
         over."""
         for message in messages:
-            if message.startswith("e|"):
-                self.ended(message[2:])
+            lid = ended_lease(message)
+            if lid is not None:
+                self.ended(lid)
 
     def lost(self, lid: str, now: float) -> bool:
         """Whether this process must give up lease ``lid``: the server said

@@ -18,11 +18,12 @@ import attrs
 
 from .keys import PICK
 from .liveness import ACK_GIVE_UP, PRESENT, WAITER_BACKOFF, alive_ms, heartbeat_of, silence
+from .messages import DELETED, GRANT, RECHECK, request_of, target
 from .pool import Pool
 from .replicas import check_slot
-from .replies import _decode, _tagged, _unexpected, request_of
+from .replies import _decode, _tagged, _unexpected
 from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
-from .steps import RECHECK, Beat, Call, Deliver, Exchange, ReaderStep, Sleep, Subscribe
+from .steps import Beat, Call, Deliver, Exchange, ReaderStep, Sleep, Subscribe
 
 _log = logging.getLogger("allocator")
 
@@ -305,8 +306,8 @@ class Hub:
             return None, None, None
         pool = served.pool
         text = _decode(message)
-        lid = Pool.message_target(text)
-        grant = text.startswith("g|")
+        lid = target(text)
+        grant = text.startswith(GRANT)
         # A lease of acquire_many goes to the waiter of its request.
         entry = self._waiters.get(lid) or self._waiters.get(request_of(lid))
         if entry is not None and entry[0] is served:
@@ -317,7 +318,7 @@ class Hub:
                 return entry[1], RECHECK, None
             if grant:
                 self._remember(served, lid)
-            elif text.startswith("d|"):
+            elif text.startswith(DELETED):
                 # Its pool was deleted: no more heartbeats for this waiter,
                 # which would make the pool's keys again before it leaves.
                 served.lids.pop(lid, None)

@@ -18,10 +18,11 @@ from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
 from .clients import client_info
 from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
+from .messages import DELETED, RECHECK, many_id
 from .pending import RIDE_OUT, cancel_end, end_key, release_end, renew_budget
-from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
+from .replies import _BUSY, _GONE, State, _tagged, _unexpected
 from .retry import SIDE_BUDGET, is_transient
-from .steps import RECHECK, Call, Defer, Flow, Pending, Settle, Wait
+from .steps import Call, Defer, Flow, Pending, Settle, Wait
 
 
 def _never(lease: Lease) -> bool:
@@ -468,7 +469,7 @@ class Acquire:
 @attrs.frozen
 class AcquireMany:
     """An acquire_many ready to be driven: the request's id (its messages,
-    one per lease, are routed by it: :func:`request_of`), and its steps."""
+    one per lease, are routed by it: :func:`~.messages.request_of`), and its steps."""
 
     lid: str
     count: int

@@ -131,7 +131,3 @@ class Subscribe(NamedTuple):
 
 
 ReaderStep = Beat | Exchange | Deliver | Sleep | Subscribe
-
-
-#: Put on a waiter's queue by the router to make it poll once.
-RECHECK = "r|"
