@@ -11,12 +11,9 @@ blocking or awaiting I/O and send back its result (or throw its error in).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
-
-if TYPE_CHECKING:
-    from .pending import End
 
 T = TypeVar("T")
 
@@ -68,9 +65,23 @@ class Command(NamedTuple):
     deadline: float | None = None
 
 
+@attrs.define
+class End:
+    """A cancel or a release to deliver (what a :class:`Defer` carries; the
+    client keeps them in :class:`~.pending.Ends`): ``call`` (its try bound
+    is set per try), for lease or request ``key``
+    (:func:`~.pending.end_key`), kept until ``until`` (monotonic)."""
+
+    what: str
+    pool: str
+    key: tuple[str, str]
+    call: Call[Any] = attrs.field(repr=False)
+    until: float
+
+
 class Defer(NamedTuple):
-    """Keep sending ``end`` (a :class:`~.pending.End`: a cancel or a release
-    that could not be confirmed) in the background until the server answers
+    """Keep sending ``end`` (a cancel or a release that could not be
+    confirmed) in the background until the server answers
     (:mod:`.pending`)."""
 
     end: End
