@@ -51,7 +51,7 @@ from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
-from ._core.retry import RETRY_BUDGET
+from ._core.retry import RETRY_BUDGET, retry_single
 from ._core.steps import (
     Beat,
     Call,
@@ -536,7 +536,7 @@ class Reader:
             for inbox, item in step.items:
                 inbox.put_nowait(item)
             for call in step.releases:
-                chore = self.loop.create_task(drive(Pool.retry_single(call), self._run_step))
+                chore = self.loop.create_task(drive(retry_single(call), self._run_step))
                 self._chores.add(chore)
                 chore.add_done_callback(self._chores.discard)
             return None

@@ -58,7 +58,7 @@ from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
 from ._core.replicas import confirming, moved
-from ._core.retry import RETRY_BUDGET
+from ._core.retry import RETRY_BUDGET, retry_single
 from ._core.steps import (
     Beat,
     Call,
@@ -713,7 +713,7 @@ class Reader:
                 inbox, item = step.items.pop(0)
                 inbox.put(item)
             while step.releases:
-                drive(Pool.retry_single(step.releases[0]), self._run_step)
+                drive(retry_single(step.releases[0]), self._run_step)
                 step.releases.pop(0)
             return None
         if isinstance(step, Subscribe):

@@ -29,17 +29,9 @@ from .checks import (
 from .keys import KEY_SUFFIXES, _escape
 from .messages import Grant, for_waiter, grant_of, many_id
 from .replicas import Confirmed
-from .replies import _BUSY, _GONE, State, _decode, _tagged, _unexpected, server_refusal
-from .retry import (
-    BACKOFF_CAP,
-    FAILOVER_BUDGET,
-    MIN_TRY,
-    RETRY_BUDGET,
-    SIDE_BUDGET,
-    Retrier,
-    try_deadline,
-)
-from .steps import Call, Command, Flow, Sleep
+from .replies import _BUSY, _GONE, State, _decode, _tagged, _unexpected
+from .retry import FAILOVER_BUDGET, RETRY_BUDGET, SIDE_BUDGET, SingleCalls
+from .steps import Call, Command, Flow
 
 _log = logging.getLogger("allocator")
 
@@ -47,7 +39,7 @@ T = TypeVar("T")
 
 
 @attrs.define(eq=False)
-class PoolBase:
+class PoolBase(SingleCalls):
     """A pool's identity and settings, and what every operation of it needs:
     its keys, the reading of its lease records and messages, retries, the
     confirmation of writes on replicas. :class:`~.pool.Pool` adds the
@@ -232,62 +224,6 @@ class PoolBase:
 
     def _ttl_ms(self, ttl: object) -> int:
         return _ms(self.lease_ttl if ttl is None else _seconds("ttl", ttl))
-
-    # -- retries --------------------------------------------------------------
-
-    @staticmethod
-    def _retrying(
-        call: Call[T],
-        *,
-        deadline: float | None = None,
-        attempts: int | None = None,
-        per_try: float | None = None,
-        cap: float = BACKOFF_CAP,
-    ) -> Flow[T]:
-        """Run ``call``, retrying transient errors with backoff (at most
-        ``cap`` seconds between two tries): until ``deadline`` (monotonic;
-        None: for ever) or for ``attempts`` tries.
-        Every script is safe to run again after a reply was lost. (A script
-        the server no longer has never gets here: the shells run a call
-        that meets NOSCRIPT again at once by the script's text, EVAL.)
-
-        Each try is due by the deadline (:func:`try_deadline`: no later than
-        ``per_try`` from its start, no sooner than one round trip, plus the
-        WAIT of a confirmed call), so a hung server costs a try no more
-        than what is left: its read times out, and the deadline decides."""
-        retrier = None  # made on the first failure: most calls never fail
-        floor = MIN_TRY if call.confirm is None else MIN_TRY + call.confirm[1] / 1000
-        while True:
-            if deadline is not None or per_try is not None:
-                call = call.until(try_deadline(deadline, per_try, floor))
-            try:
-                reply = yield call
-            except Exception as exc:
-                if retrier is None:
-                    retrier = Retrier(call.script, deadline=deadline, attempts=attempts, cap=cap)
-                delay = retrier.next_delay(exc)
-                if delay is None:
-                    refused = server_refusal(exc)
-                    if refused is not None:
-                        raise refused from exc
-                    raise
-                yield Sleep(delay)
-                continue
-            return call.parse(reply)
-
-    def _single(self, call: Call[T]) -> Flow[T]:
-        """Run a call that has no deadline of its own, within the pool's
-        single-call budget (:attr:`call_budget`)."""
-        return self.retry_single(call, self.call_budget, self.try_budget)
-
-    @staticmethod
-    def retry_single(
-        call: Call[T], budget: float = RETRY_BUDGET, per_try: float | None = None
-    ) -> Flow[T]:
-        """Run ``call``, retrying for ``budget`` seconds from its first try."""
-        return (
-            yield from PoolBase._retrying(call, deadline=time.monotonic() + budget, per_try=per_try)
-        )
 
     def _check_policy(self) -> Flow[None]:
         """Warn (once per allocator) if the server may evict the pool's keys.

@@ -21,7 +21,7 @@ from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
 from .messages import DELETED, RECHECK, many_id
 from .pending import RIDE_OUT, cancel_end, end_key, release_end, renew_budget
 from .replies import _BUSY, _GONE, State, _tagged, _unexpected
-from .retry import SIDE_BUDGET, is_transient
+from .retry import SIDE_BUDGET, is_transient, retry_single, retrying
 from .steps import Call, Defer, Flow, Pending, Settle, Wait
 
 
@@ -152,7 +152,7 @@ class Leasing(PoolBase):
             try:
                 if not self.min_replicas:
                     return (
-                        yield from self._retrying(
+                        yield from retrying(
                             call, deadline=deadline, per_try=self.try_budget, cap=WAITER_BACKOFF
                         )
                     )
@@ -256,7 +256,7 @@ class Leasing(PoolBase):
             cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
             try:
                 due = time.monotonic() + SIDE_BUDGET
-                yield from self._retrying(cancel, attempts=1, deadline=due)
+                yield from retrying(cancel, attempts=1, deadline=due)
             except Exception as error:
                 if is_transient(error):
                     # It may not have reached the server, and the enqueue
@@ -274,7 +274,7 @@ class Leasing(PoolBase):
         """Run an acquire or poll call with ``min_replicas``: a grant in its
         reply counts only once confirmed, else it is released and
         :class:`NotReplicated` raised."""
-        state, replicas = yield from self._retrying(
+        state, replicas = yield from retrying(
             self._confirmed(call), deadline=deadline, per_try=self.try_budget, cap=WAITER_BACKOFF
         )
         if isinstance(state, Lease) and replicas < self.min_replicas:
@@ -310,7 +310,7 @@ class Leasing(PoolBase):
         if deadline is None or deadline - time.monotonic() < self.call_budget:
             deadline = time.monotonic() + self.call_budget
         try:
-            renewed, replicas = yield from self._retrying(
+            renewed, replicas = yield from retrying(
                 renew, deadline=deadline, per_try=self.try_budget
             )
         except LeaseLost:
@@ -355,7 +355,7 @@ class Leasing(PoolBase):
         comes back as soon as the server answers (docs/api.md#release).
         An answer settles any release of the lease still pending."""
         try:
-            released = yield from self.retry_single(call, self.end_budget, self.try_budget)
+            released = yield from retry_single(call, self.end_budget, self.try_budget)
         except Exception as exc:
             if is_transient(exc):
                 yield Defer(release_end(self.name, call, held, time.monotonic()))
@@ -388,13 +388,11 @@ class Leasing(PoolBase):
         call = self._renew_call(held, ttl_ms)
         budget = renew_budget(self.call_budget, held.ttl)
         if not self.min_replicas:
-            return (yield from self.retry_single(call, budget, self.try_budget))
+            return (yield from retry_single(call, budget, self.try_budget))
         return (yield from self._renew_confirmed(call, held, budget))
 
     def _renew_confirmed(self, call: Call[Lease], held: Lease, budget: float) -> Flow[Lease]:
-        renewed, replicas = yield from self.retry_single(
-            self._confirmed(call), budget, self.try_budget
-        )
+        renewed, replicas = yield from retry_single(self._confirmed(call), budget, self.try_budget)
         if replicas < self.min_replicas:
             # The lease stays as the primary has it (renewed there).
             raise self._not_replicated(held, replicas, "renew")

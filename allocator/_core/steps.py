@@ -35,7 +35,7 @@ class Call(Generic[T]):
     #: shells bound every socket read (and a reconnect) of the call by it; a
     #: read that runs out raises redis-py's ``TimeoutError``, which the flow
     #: retries within its deadline like any transport error. Set per try by
-    #: the flow (:meth:`PoolBase._retrying <.base.PoolBase._retrying>`).
+    #: the flow (:func:`~.retry.retrying`).
     deadline: float | None = None
 
     def until(self, deadline: float | None) -> Call[T]:
@@ -124,7 +124,7 @@ class Exchange(NamedTuple):
 
 class Deliver(NamedTuple):
     """Put each ``(inbox, item)`` in its waiter's inbox, and release each
-    grant whose waiter left (``Pool._single(call)``). The reader does not
+    grant whose waiter left (:func:`~.retry.retry_single`). The reader does not
     yield to the woken waiters before its next round: on 2 cores that made
     a 2-process handoff 5 % faster and the throughput of 32 processes 18 %
     slower (docs/performance.md)."""
