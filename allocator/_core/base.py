@@ -4,7 +4,6 @@ the retries of a single call, the replica confirmation of a call."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import warnings
@@ -14,7 +13,6 @@ import attrs
 from redis.crc import key_slot
 
 from .._values import Lease
-from ..errors import NotReplicated
 from .checks import (
     MAX_LEASE_ID,
     MAX_NAME,
@@ -28,9 +26,9 @@ from .checks import (
 )
 from .keys import KEY_SUFFIXES, _escape
 from .messages import Grant, for_waiter, grant_of, many_id
-from .replicas import Confirmed
+from .replicas import Confirmation
 from .replies import _BUSY, _GONE, State, _decode, _tagged, _unexpected
-from .retry import FAILOVER_BUDGET, RETRY_BUDGET, SIDE_BUDGET, SingleCalls
+from .retry import FAILOVER_BUDGET, RETRY_BUDGET, SIDE_BUDGET
 from .steps import Call, Command, Flow
 
 _log = logging.getLogger("allocator")
@@ -39,7 +37,7 @@ T = TypeVar("T")
 
 
 @attrs.define(eq=False)
-class PoolBase(SingleCalls):
+class PoolBase(Confirmation):
     """A pool's identity and settings, and what every operation of it needs:
     its keys, the reading of its lease records and messages, retries, the
     confirmation of writes on replicas. :class:`~.pool.Pool` adds the
@@ -104,42 +102,6 @@ class PoolBase(SingleCalls):
             try_budget=RETRY_BUDGET if sentinel else None,
             reclaim_on_disconnect=reclaim_on_disconnect,
         )
-
-    # -- replicas -------------------------------------------------------------
-
-    def _confirmed(self, call: Call[T]) -> Call[tuple[T, int]]:
-        """``call`` sent with the confirmation of :func:`confirm_commands`;
-        its parse gives the parsed reply and the replicas that confirmed."""
-        parse = call.parse
-
-        def both(reply: Confirmed) -> tuple[T, int]:
-            return parse(reply.reply), reply.replicas
-
-        confirm = (self.min_replicas, _ms(self.replica_timeout))
-        return Call(call.script, call.keys, call.args, both, confirm=confirm)
-
-    def _not_replicated(self, lease: Lease, replicas: int, what: str) -> NotReplicated:
-        return NotReplicated(
-            self.name, lease.resource, lease.token, replicas, self.min_replicas, what
-        )
-
-    def _give_back(self, lease: Lease, replicas: int) -> Flow[NotReplicated]:
-        """A grant that too few replicas confirmed: release it (so nothing
-        leaks; a failover that loses it loses nothing either) and return
-        the error to raise."""
-        _log.warning(
-            "allocator: pool %r: grant of %r confirmed by %d of %d replicas; released",
-            self.name,
-            lease.resource,
-            replicas,
-            self.min_replicas,
-        )
-        release = Call("release", self.keys, (lease.id, lease.ticket, "", ""), lambda r: r)
-        with contextlib.suppress(Exception):
-            # Not confirmed itself: if this release is lost in a failover,
-            # the lease ends at its deadline as any unreleased lease does.
-            yield from self._single(release)
-        return self._not_replicated(lease, replicas, "acquire")
 
     # -- identity -----------------------------------------------------------
 
