@@ -1,13 +1,10 @@
-"""What every operation of a pool needs: its identity and settings (the
-names of its keys), the reading of lease records and signal-list messages,
-the retries of a single call, the replica confirmation of a call."""
+"""A pool's identity and settings (its name, the names of its keys, its
+budgets), and the reading of its leases from what the server says of them
+(script replies, grant messages)."""
 
 from __future__ import annotations
 
-import logging
-import time
-import warnings
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import attrs
 from redis.crc import key_slot
@@ -28,20 +25,17 @@ from .keys import KEY_SUFFIXES, _escape
 from .messages import Grant, for_waiter, grant_of, many_id
 from .replicas import Confirmation
 from .replies import _BUSY, _GONE, State, _decode, _tagged, _unexpected
-from .retry import FAILOVER_BUDGET, RETRY_BUDGET, SIDE_BUDGET
-from .steps import Call, Command, Flow
-
-_log = logging.getLogger("allocator")
-
-T = TypeVar("T")
+from .retry import FAILOVER_BUDGET, RETRY_BUDGET
+from .steps import Call
 
 
 @attrs.define(eq=False)
 class PoolBase(Confirmation):
-    """A pool's identity and settings, and what every operation of it needs:
-    its keys, the reading of its lease records and messages, retries, the
-    confirmation of writes on replicas. :class:`~.pool.Pool` adds the
-    operations (:mod:`.leasing`, :mod:`.admin`)."""
+    """A pool's identity and settings, and the reading of its leases. Its
+    single calls' retries (:class:`~.retry.SingleCalls`) and the
+    confirmation of its writes on replicas (:class:`~.replicas.Confirmation`)
+    come with it; :class:`~.pool.Pool` adds the operations (:mod:`.leasing`,
+    :mod:`.admin`)."""
 
     name: str
     prefix: str
@@ -63,6 +57,7 @@ class PoolBase(Confirmation):
     #: (docs/concepts.md#dead-holders-reclaim_on_disconnect; off by
     #: default): the acquires say so to the scripts.
     reclaim_on_disconnect: bool = False
+    #: Whether the server's eviction policy was checked (Admin._check_policy).
     _policy_checked: bool = attrs.field(default=False, repr=False)
     #: The client ids that said who they are in this pool (their first
     #: acquire here: allocator/_core/clients.py).
@@ -186,34 +181,6 @@ class PoolBase(Confirmation):
 
     def _ttl_ms(self, ttl: object) -> int:
         return _ms(self.lease_ttl if ttl is None else _seconds("ttl", ttl))
-
-    def _check_policy(self) -> Flow[None]:
-        """Warn (once per allocator) if the server may evict the pool's keys.
-
-        The pool uses no keys with a TTL, so ``volatile-*`` policies never
-        touch it; an ``allkeys-*`` policy can evict a lease or the queue.
-        Run by the admin operations, so the hot path stays one round trip;
-        a server that refuses CONFIG (an ACL, a managed service) is skipped.
-        """
-        if self._policy_checked:
-            return
-        self._policy_checked = True
-        try:
-            due = time.monotonic() + SIDE_BUDGET
-            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"), due)
-        except Exception:
-            return
-        # CONFIG GET answers a flat list on RESP2 and a map on RESP3.
-        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])[1::2]
-        policy = _decode(values[0]) if values else ""
-        if policy.startswith("allkeys"):
-            warnings.warn(
-                f"Redis maxmemory-policy is {policy!r}: under memory pressure the server may "
-                f"evict keys of pool {self.name!r} (leases, the queue). Use 'noeviction' or a "
-                "volatile-* policy; the pool's keys have no TTL.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
 
     def release_message(self, message: Any) -> Call[Any] | None:
         """For a grant that reached a client whose waiter had already left:
