@@ -28,15 +28,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._core import reader as core
 from ._core.holding import PROBE_WAIT, Holds
-from ._core.hub import (
-    ACK_DELAY,
-    READ_SLACK,
-    Hub,
-    multipop_refused,
-    round_commands,
-    round_replies,
-)
 from ._core.lead import (
     LEAD,
     PARTIAL,
@@ -50,6 +43,13 @@ from ._core.lead import (
 from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
+from ._core.reader import (
+    ACK_DELAY,
+    READ_SLACK,
+    multipop_refused,
+    round_commands,
+    round_replies,
+)
 from ._core.replicas import confirming, moved
 from ._core.retry import RETRY_BUDGET, retry_single
 from ._core.steps import (
@@ -279,8 +279,8 @@ class Reader:
         self._client = client
         self._scripts = scripts()
         self._cluster = is_cluster(client)
-        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
-        self.lead = Lead(self.hub)
+        self.core = core.Reader(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
+        self.lead = Lead(self.core)
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
         self._conn: Any = None
@@ -298,7 +298,7 @@ class Reader:
 
     @property
     def cid(self) -> str:
-        return self.hub.cid
+        return self.core.cid
 
     async def cid_for(self, pool: Pool, budget: float = RETRY_BUDGET) -> str:
         """Same as the sync reader's, awaitable."""
@@ -306,25 +306,25 @@ class Reader:
         return self.known_cid(pool)
 
     def known_cid(self, pool: Pool) -> str:
-        return self.hub.cid_for(pool)
+        return self.core.cid_for(pool)
 
     def joined(self, pool: Pool) -> bool:
-        return self.hub.presence_decided(pool)
+        return self.core.presence_decided(pool)
 
     async def join(self, pool: Pool, budget: float) -> None:
         """Same as the sync reader's, awaitable."""
         if self.joined(pool):
             return
-        channel = pool.presence_channel(self.hub.present_cid)
+        channel = pool.presence_channel(self.core.present_cid)
         kept = False if self.presence is None else await self.presence.join(channel, budget)
         if kept is not None:  # None: the server was out of reach; next time
-            self.hub.decide_presence(pool, kept)
+            self.core.decide_presence(pool, kept)
 
     # -- what the client holds: the presence watch -----------------------------
 
     def hold(self, pool: Pool, leases: list[Lease]) -> None:
         """Same as the sync reader's; the watch is a task."""
-        if self.presence is None or not self.hub.cid_for(pool).startswith(PRESENT):
+        if self.presence is None or not self.core.cid_for(pool).startswith(PRESENT):
             return
         now = self.loop.time()
         for lease in leases:
@@ -358,7 +358,7 @@ class Reader:
         """Same as the sync reader's, as a task."""
         presence = self.presence
         assert presence is not None
-        while (period := self.holds.period(self.loop.time(), self.hub.waiting)) is not None:
+        while (period := self.holds.period(self.loop.time(), self.core.waiting)) is not None:
             self._release_given_up()
             if self.holds.fresh:  # the last confirmation of the return failed
                 await self._confirm_return()
@@ -377,7 +377,7 @@ class Reader:
                     continue
             elif connected:
                 continue
-            channels = self.hub.channels()
+            channels = self.core.channels()
             if not channels:
                 await asyncio.sleep(period)
                 continue
@@ -401,7 +401,7 @@ class Reader:
 
     async def _confirm_return(self) -> None:
         """Same as the sync reader's."""
-        calls = self.hub.confirms()
+        calls = self.core.confirms()
         sent = self.loop.time()
         try:
             answers = [await run_call(self._client, self._scripts, call) for call in calls]
@@ -412,18 +412,18 @@ class Reader:
             self.holds.returned(sent)
 
     def register(self, pool: Pool, lid: str) -> None:
-        self.hub.register(pool, lid, asyncio.Queue())
-        if self.presence is not None and self.hub.cid_for(pool).startswith(PRESENT):
+        self.core.register(pool, lid, asyncio.Queue())
+        if self.presence is not None and self.core.cid_for(pool).startswith(PRESENT):
             self._ensure_watch()
 
     def unregister(self, lid: str) -> None:
-        self.hub.unregister(lid)
+        self.core.unregister(lid)
         self._wake(self.lead.kick())
 
     async def wait(self, lid: str, timeout: float | None) -> Any:
         """Same as the sync reader's, awaitable."""
         deadline = None if timeout is None else self.loop.time() + timeout
-        inbox = self.hub.inbox(lid)
+        inbox = self.core.inbox(lid)
         try:
             while True:
                 item = take_item(inbox)
@@ -432,13 +432,13 @@ class Reader:
                 if self.lead.take(lid, inbox, self.loop.time):
                     await self._lead(lid, inbox, deadline)
                     if inbox.empty():  # its time ran out, or the rounds ended
-                        return self.hub.trouble
+                        return self.core.trouble
                     continue
                 span = None if deadline is None else max(deadline - self.loop.time(), 0.0)
                 try:
                     item = await asyncio.wait_for(inbox.get(), span)
                 except TimeoutError:
-                    return self.hub.trouble
+                    return self.core.trouble
                 if item is not LEAD:
                     return item
         finally:
@@ -448,22 +448,22 @@ class Reader:
         """Same as the sync reader's: unless somebody waits on it, let the
         reading end (within about a heartbeat) and the releases it started,
         and give the connection back."""
-        task = None if self.hub.waiting else self._task
+        task = None if self.core.waiting else self._task
         if task is not None and task is not asyncio.current_task():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), self.hub.heartbeat + READ_SLACK)
+                await asyncio.wait_for(asyncio.shield(task), self.core.heartbeat + READ_SLACK)
         if self._chores:
             await asyncio.gather(*self._chores, return_exceptions=True)
-        if not self.hub.waiting and self.lead.leader is None and not self.lead.reading:
+        if not self.core.waiting and self.lead.leader is None and not self.lead.reading:
             await self._release_connection()
-        if self.presence is not None and not self.hub.waiting and not self.holds.holding:
+        if self.presence is not None and not self.core.waiting and not self.holds.holding:
             if self._watcher is not None:
                 self._watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._watcher
                 self._watcher = None
             await self.presence.close()
-            self.hub.forget_presence()
+            self.core.forget_presence()
 
     @property
     def reading(self) -> bool:

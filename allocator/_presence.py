@@ -2,7 +2,7 @@
 connection, one per reader, that a process keeps subscribed to a channel
 per pool it waits in, so that the server tells its death (the kernel
 closes its sockets) from a stall. The scripts count the channel's subscribers; the decisions (which
-id, when to subscribe again) are the hub's (allocator/_core/hub.py). Sync
+id, when to subscribe again) are the reader's (allocator/_core/reader.py). Sync
 and asyncio, as the shells use them."""
 
 from __future__ import annotations

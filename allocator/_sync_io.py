@@ -1,8 +1,8 @@
 """Blocking I/O for the core's steps: :func:`run_step` carries out one
 step (a script call, a confirmed pipeline, a wait, a sleep), :func:`drive`
 runs a flow to its end, and :class:`Reader` is the reader of one client,
-whose hub's rounds (:class:`~allocator._core.hub.Hub`) its waiting threads
-carry out in turn (:mod:`allocator._core.lead`).
+whose core's rounds (:class:`allocator._core.reader.Reader`) its waiting
+threads carry out in turn (:mod:`allocator._core.lead`).
 
 A step's deadline (``Call.deadline``, set by the core) bounds every socket
 read of its commands: :func:`execute` runs a command on a connection of the
@@ -35,15 +35,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._core import reader as core
 from ._core.holding import PROBE_WAIT, Holds
-from ._core.hub import (
-    ACK_DELAY,
-    READ_SLACK,
-    Hub,
-    multipop_refused,
-    round_commands,
-    round_replies,
-)
 from ._core.lead import (
     LEAD,
     PARTIAL,
@@ -57,6 +50,13 @@ from ._core.lead import (
 from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
+from ._core.reader import (
+    ACK_DELAY,
+    READ_SLACK,
+    multipop_refused,
+    round_commands,
+    round_replies,
+)
 from ._core.replicas import confirming, moved
 from ._core.retry import RETRY_BUDGET, retry_single
 from ._core.steps import (
@@ -361,8 +361,8 @@ class Reader:
     """The one blocking reader of a Redis client in this process (of a
     cluster client: per hash slot, since one blocking read can only wait on
     keys of one slot), for every pool whose waiters use that client: it
-    carries out its :class:`~allocator._core.hub.Hub`'s rounds on one
-    connection of the client's, which it holds while anyone waits.
+    carries out the rounds of its core (:class:`allocator._core.reader.Reader`)
+    on one connection of the client's, which it holds while anyone waits.
 
     The waiter reads its own grant: the first waiting thread leads the
     rounds, the others follow, and a daemon thread, ``allocator-reader``,
@@ -376,9 +376,9 @@ class Reader:
         self._client = client
         self._scripts = scripts()
         self._cluster = is_cluster(client)
-        self.hub = Hub(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
+        self.core = core.Reader(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
         self._lock = threading.Lock()
-        self.lead = Lead(self.hub)
+        self.lead = Lead(self.core)
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         #: The connection pool ``_conn`` came from: the client's, or on a
@@ -402,7 +402,7 @@ class Reader:
 
     @property
     def cid(self) -> str:
-        return self.hub.cid
+        return self.core.cid
 
     def cid_for(self, pool: Pool, budget: float = RETRY_BUDGET) -> str:
         """The client's id in ``pool``, its presence there set up first if
@@ -413,12 +413,12 @@ class Reader:
     def known_cid(self, pool: Pool) -> str:
         """The client's id in ``pool`` as things stand (no I/O)."""
         with self._lock:
-            return self.hub.cid_for(pool)
+            return self.core.cid_for(pool)
 
     def joined(self, pool: Pool) -> bool:
         """Whether the client's presence in ``pool`` is decided (no I/O)."""
         with self._lock:
-            return self.hub.presence_decided(pool)
+            return self.core.presence_decided(pool)
 
     def join(self, pool: Pool, budget: float) -> None:
         """Before the client's first wait in ``pool``: set up its presence
@@ -426,11 +426,11 @@ class Reader:
         seconds), a subscription to the pool's presence channel."""
         if self.joined(pool):
             return
-        channel = pool.presence_channel(self.hub.present_cid)
+        channel = pool.presence_channel(self.core.present_cid)
         kept = False if self.presence is None else self.presence.join(channel, budget)
         if kept is not None:  # None: the server was out of reach; next time
             with self._lock:
-                self.hub.decide_presence(pool, kept)
+                self.core.decide_presence(pool, kept)
 
     # -- what the client holds: the presence watch -----------------------------
 
@@ -441,7 +441,7 @@ class Reader:
             return
         now = time.monotonic()
         with self._lock:
-            if not self.hub.cid_for(pool).startswith(PRESENT):
+            if not self.core.cid_for(pool).startswith(PRESENT):
                 return
             for lease in leases:
                 self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
@@ -494,7 +494,7 @@ class Reader:
         while True:
             self._release_given_up()
             with self._lock:
-                period = self.holds.period(time.monotonic(), self.hub.waiting)
+                period = self.holds.period(time.monotonic(), self.core.waiting)
                 if period is None or self._unwatch.is_set():  # finish(): idle
                     self._watcher = None
                     return
@@ -517,7 +517,7 @@ class Reader:
             elif connected:
                 continue
             with self._lock:
-                channels = self.hub.channels()
+                channels = self.core.channels()
             if not channels:
                 self._unwatch.wait(period)
                 continue
@@ -549,7 +549,7 @@ class Reader:
         presence (lua/present.lua): the absences the scripts found are
         over; until then the presence stays suspended."""
         with self._lock:
-            calls = self.hub.confirms()
+            calls = self.core.confirms()
         sent = time.monotonic()
         try:
             answers = [run_call(self._client, self._scripts, call) for call in calls]
@@ -562,13 +562,13 @@ class Reader:
 
     def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
-            self.hub.register(pool, lid, queue.SimpleQueue())
-            if self.presence is not None and self.hub.cid_for(pool).startswith(PRESENT):
+            self.core.register(pool, lid, queue.SimpleQueue())
+            if self.presence is not None and self.core.cid_for(pool).startswith(PRESENT):
                 self._ensure_watch()
 
     def unregister(self, lid: str) -> None:
         with self._lock:
-            self.hub.unregister(lid)
+            self.core.unregister(lid)
             self._wake(self.lead.kick())
 
     def wait(self, lid: str, timeout: float | None) -> Any:
@@ -577,7 +577,7 @@ class Reader:
         thread leads while nobody else does (see the class)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            inbox = self.hub.inbox(lid)
+            inbox = self.core.inbox(lid)
         try:
             while True:
                 item = take_item(inbox)
@@ -589,7 +589,7 @@ class Reader:
                 if leads:
                     self._lead(lid, inbox, deadline)
                     if inbox.empty():  # its time ran out, or the rounds ended
-                        return self.hub.trouble
+                        return self.core.trouble
                     continue
                 # A follower, waited in slices: a SIGINT that the kernel
                 # hands to another thread of the process only sets Python's
@@ -601,7 +601,7 @@ class Reader:
                     item = inbox.get(timeout=max(min(WAIT_SLICE, left), 0.0))
                 except queue.Empty:
                     if deadline is not None and time.monotonic() >= deadline:
-                        return self.hub.trouble
+                        return self.core.trouble
                     continue
                 if item is not LEAD:
                     return item
@@ -615,18 +615,18 @@ class Reader:
         give the connection back to the client's pool and close the
         presence."""
         with self._lock:
-            thread = None if self.hub.waiting else self._thread
+            thread = None if self.core.waiting else self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(self.hub.heartbeat + READ_SLACK)
+            thread.join(self.core.heartbeat + READ_SLACK)
         with self._lock:
-            if not self.hub.waiting and self.lead.leader is None:
+            if not self.core.waiting and self.lead.leader is None:
                 self._release_connection()
-            idle = not self.hub.waiting and not self.holds.holding
+            idle = not self.core.waiting and not self.holds.holding
         if self.presence is not None and idle:
             self._unwatch.set()
             self.presence.close()
             with self._lock:
-                self.hub.forget_presence()
+                self.core.forget_presence()
 
     @property
     def reading(self) -> bool:
@@ -643,7 +643,7 @@ class Reader:
     # -- the lead -------------------------------------------------------------
 
     def _lead(self, me: Any, inbox: Any, deadline: float | None) -> None:
-        """Carry out the hub's rounds while ``me`` leads
+        """Carry out the core's rounds while ``me`` leads
         (:meth:`~allocator._core.lead.Lead.next_step` says until when)."""
         while True:
             with self._lock:
@@ -695,8 +695,8 @@ class Reader:
                 self._wake(self.lead.leave(THREAD))
 
     def _carry(self, step: ReaderStep, deadline: float | None) -> Any:
-        """Carry out a step of the hub's rounds
-        (:meth:`~allocator._core.hub.Hub.rounds`), within the leader's
+        """Carry out a step of the core's rounds
+        (:meth:`allocator._core.reader.Reader.rounds`), within the leader's
         ``deadline``: a shorter blocking read; a pause cut short is
         :data:`~allocator._core.lead.PARTIAL`, to be finished by the next
         leader."""

@@ -147,7 +147,7 @@ class Stepper:
 
     def nudge(self) -> None:
         """Have the reader ask this waiter to look again (as after a data loss)."""
-        self.reader.hub.inbox(self.flow.lid).put(RECHECK)
+        self.reader.core.inbox(self.flow.lid).put(RECHECK)
 
     def throw(self, exc: BaseException) -> Any:
         """Deliver an exception at the current step (as a timeout or a

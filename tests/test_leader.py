@@ -45,7 +45,7 @@ def thread_leads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     def counted(self: Reader, me: Any, inbox: Any, deadline: float | None) -> None:
         if inbox is None:
-            seen.append(self.hub.waiting)
+            seen.append(self.core.waiting)
         lead(self, me, inbox, deadline)
 
     monkeypatch.setattr(Reader, "_lead", counted)
@@ -181,12 +181,12 @@ def test_asyncio_waiters_lead_in_turn(redis_url: str, pool_name: str) -> None:
 
 
 def test_the_lead_decides_who_reads() -> None:
-    from allocator._core.hub import Hub
+    from allocator._core import reader as core
     from allocator._core.lead import LEAD, THREAD, Lead, take_item
     from allocator._core.liveness import HEARTBEAT
     from allocator._core.pool import Pool
 
-    hub = Hub(HEARTBEAT)
+    hub = core.Reader(HEARTBEAT)
     pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
     lead = Lead(hub)
     inboxes = {lid: queue_of() for lid in ("a", "b", "c")}
@@ -216,12 +216,12 @@ def test_the_lead_decides_who_reads() -> None:
 
 
 def test_a_pause_outlasting_its_leader_is_finished_by_the_next() -> None:
-    from allocator._core.hub import Hub
+    from allocator._core import reader as core
     from allocator._core.lead import Lead, block_for
     from allocator._core.liveness import HEARTBEAT
     from allocator._core.steps import Exchange
 
-    lead = Lead(Hub(HEARTBEAT))
+    lead = Lead(core.Reader(HEARTBEAT))
     assert lead.pause(2.0, 100.5, 100.0) == (0.5, False)  # its time ends first
     assert lead.pause(2.0, None, 100.5) == (1.5, True)  # the next sleeps the rest
     assert lead.pause(1.0, 200.0, 100.0) == (1.0, True)

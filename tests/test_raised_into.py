@@ -25,7 +25,7 @@ import redis
 from helpers import blocked_readers, wait_until
 
 from allocator import AcquireTimeout, FairAllocator, Lease
-from allocator._core.hub import Hub
+from allocator._core import reader as core
 from allocator._core.lead import THREAD, Lead
 from allocator._core.liveness import HEARTBEAT
 from allocator._core.pool import Pool
@@ -55,7 +55,7 @@ def queue_of() -> Any:
     return queue.SimpleQueue()
 
 
-def reply_to(step: Any, hub: Hub) -> Any:
+def reply_to(step: Any, hub: core.Reader) -> Any:
     """What a shell's step gives back when the server answers and nothing comes."""
     if isinstance(step, Beat):
         return [(key, ("e1", True, False, 1)) for key, _ in step.calls]
@@ -72,7 +72,7 @@ def reply_to(step: Any, hub: Hub) -> Any:
 def drive_rounds(throw_at: set[int], steps: int = 40) -> list[str]:
     """Run the rounds of one waiter's lead for ``steps`` steps, the error of
     the step numbered in ``throw_at`` being a Boom; the kinds of the steps."""
-    hub = Hub(HEARTBEAT)
+    hub = core.Reader(HEARTBEAT)
     pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
     lead = Lead(hub)
     inbox = queue_of()
@@ -116,7 +116,7 @@ def test_rounds_ended_by_an_exception_start_afresh_with_the_next_leader() -> Non
     # (between two steps) ends them: it comes out of that leader once, the
     # lead passes to a follower, and fresh rounds start with it; the old
     # exception is never raised again.
-    hub = Hub(HEARTBEAT)
+    hub = core.Reader(HEARTBEAT)
     pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
     lead = Lead(hub)
     inboxes = {lid: queue_of() for lid in ("a", "b")}

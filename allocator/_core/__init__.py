@@ -3,7 +3,7 @@
 Everything that decides anything lives here, one module per concern, so a
 reader finds a rule by the file's name (imports go down this list only):
 
-- :mod:`.hub`: the reader's decisions (heartbeats, rounds, routing grants
+- :mod:`.reader`: the reader's decisions (heartbeats, rounds, routing grants
   to waiters, failures);
 - :mod:`.pool`: :class:`~.pool.Pool`, a pool's operations, made of
   :mod:`.leasing` (acquire, renew, release) and :mod:`.admin` (extend,

@@ -50,7 +50,7 @@ class Leasing(PoolBase):
     ) -> Acquire:
         """Check the arguments and build an acquire: its steps, and the lease
         id under which the client's reader routes messages to it. ``cid`` is
-        the client id of the reader (:class:`Hub`) that serves it;
+        the client id of the reader (:class:`~.reader.Reader`) that serves it;
         ``started`` (monotonic seconds) when the caller's wait began, if
         before the flow's first step (the time the shell spent setting up
         the client's presence counts against the timeout)."""
@@ -148,7 +148,7 @@ class Leasing(PoolBase):
             # While this flow retries a look, it does not lead its client's
             # reader rounds (allocator/_core/lead.py): if it alone waits in
             # its process, nobody else subscribes the client again after an
-            # outage (liveness.WAITER_BACKOFF, as the hub's own retries).
+            # outage (liveness.WAITER_BACKOFF, as the reader's own retries).
             try:
                 if not self.min_replicas:
                     return (

@@ -4,7 +4,7 @@ place they are read (lua/README.md, "Messages on a signal list" and
 
 A pool's scripts push messages onto the signal list of a waiting client
 (``<prefix>:{<name>}:s:<client id>``). The client's reader pops them and
-routes each to the waiter it names by lease id (:meth:`.hub.Hub.route`,
+routes each to the waiter it names by lease id (:meth:`.reader.Reader.route`,
 with :func:`target`); the waiter reads what it means for it
 (:func:`for_waiter`; :meth:`.base.PoolBase._message` makes a grant a
 ``Lease``). Each kind is named by its prefix:

@@ -3,7 +3,7 @@
 A pool operation (:mod:`.leasing`, :mod:`.admin`) yields :class:`Call`,
 :class:`Wait`, :class:`Sleep` and :class:`Command` (and :class:`Defer`,
 :class:`Settle`, :class:`Pending` for the ends still to deliver); a reader's loop
-(:class:`~.hub.Hub`) yields :class:`Beat`, :class:`Exchange`,
+(:class:`~.reader.Reader`) yields :class:`Beat`, :class:`Exchange`,
 :class:`Deliver` and :class:`Sleep`. The shells carry each one out with
 blocking or awaiting I/O and send back its result (or throw its error in).
 """
@@ -46,7 +46,7 @@ class Call(Generic[T]):
 class Wait(NamedTuple):
     """Wait up to ``timeout`` seconds (None: no limit) for the next message
     the client's reader routes to waiter ``lid``; send it, or, when none
-    came in time, the reader's :attr:`Hub.trouble` (None, or its last error
+    came in time, the reader's :attr:`~.reader.Reader.trouble` (None, or its last error
     while it fails)."""
 
     lid: str

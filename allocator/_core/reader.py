@@ -1,6 +1,6 @@
 """The reader's decisions: one reader per Redis client and process (and per
 event loop for asyncio) serves every waiter of that client, in every pool.
-:class:`Hub` decides its rounds (heartbeats, the round trip that
+:class:`Reader` decides its rounds (heartbeats, the round trip that
 acknowledges, blocks and pops, the routing of each message to its waiter,
 failures); the shells carry them out with a thread or a task."""
 
@@ -29,14 +29,14 @@ _log = logging.getLogger("allocator")
 
 #: Messages a reader pops from one signal list per round trip.
 BATCH = 256
-#: Delivered grants a hub remembers, so that a grant message it sees again
+#: Delivered grants a reader remembers, so that a grant message it sees again
 #: (put back on the list after a lost reply) is not taken for a stray one.
 RECENT = 4096
 
 
 @attrs.define(eq=False)
 class _Served:
-    """A pool whose waiters a hub serves: its signal list for the hub's
+    """A pool whose waiters a reader serves: its signal list for the reader's
     client, the waiters (probed in turn), grants delivered but not yet
     acknowledged, and the pool's epoch last seen."""
 
@@ -49,7 +49,7 @@ class _Served:
     epoch: str | None = None
 
 
-class Hub:
+class Reader:
     """What the reader of one client (one per Redis client and process, and
     per event loop for asyncio) decides, for every pool it serves. Pure:
     the shells' readers carry out its plans with a thread or a task, and the
@@ -65,7 +65,7 @@ class Hub:
 
     def __init__(self, heartbeat: float) -> None:
         #: The client's id in the pools' liveness marks and signal lists. A
-        #: hub lives in one process: a forked child makes its own.
+        #: reader lives in one process: a forked child makes its own.
         self.cid = secrets.token_urlsafe(9)
         self.heartbeat = heartbeat
         #: Pools (by their first key) in which this client keeps a presence
@@ -469,7 +469,7 @@ READ_SLACK = 5.0
 def round_commands(
     acks: list[tuple[str, list[str]]], keys: list[str], block: float, multipop: bool = True
 ) -> list[tuple[str | int, ...]]:
-    """The commands of a reader's round (see :class:`Hub`), for one pipeline:
+    """The commands of a reader's round (see :class:`Reader`), for one pipeline:
     the acknowledgements, then one ``BLMPOP`` that blocks and pops up to
     :data:`BATCH` messages of the first list that has any (Redis >= 7,
     Valkey), or, where the server has no ``BLMPOP`` (``multipop`` False:
