@@ -29,7 +29,6 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core import reader as core
-from ._core.holding import PROBE_WAIT, Holds
 from ._core.lead import (
     LEAD,
     PARTIAL,
@@ -43,6 +42,7 @@ from ._core.lead import (
 from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
+from ._core.presence import PROBE_WAIT, Holds
 from ._core.reader import (
     ACK_DELAY,
     READ_SLACK,

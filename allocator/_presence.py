@@ -68,7 +68,7 @@ def _message(reply: Any) -> str | None:
 def refused(client: Any, error: BaseException) -> bool:
     """Whether ``error`` says that ``client``'s one server refused a
     connection (it was not running): not for a cluster or Sentinel client,
-    whose server may have changed (allocator/_core/holding.py)."""
+    whose server may have changed (allocator/_core/presence.py)."""
     if is_cluster(client) or is_sentinel(client):
         return False
     seen: BaseException | None = error

@@ -36,7 +36,6 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core import reader as core
-from ._core.holding import PROBE_WAIT, Holds
 from ._core.lead import (
     LEAD,
     PARTIAL,
@@ -50,6 +49,7 @@ from ._core.lead import (
 from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
+from ._core.presence import PROBE_WAIT, Holds
 from ._core.reader import (
     ACK_DELAY,
     READ_SLACK,
@@ -387,7 +387,7 @@ class Reader:
         self._closing = False
         self.presence = Presence(client, key) if keeps_presence(client) else None
         #: The leases held through this client, for the presence watch
-        #: (:mod:`allocator._core.holding`), and the watch's thread.
+        #: (:mod:`allocator._core.presence`), and the watch's thread.
         self.holds = Holds()
         self._watcher: threading.Thread | None = None
         self._unwatch = threading.Event()
@@ -484,7 +484,7 @@ class Reader:
             return self.holds.lost(lease.id, time.monotonic())
 
     def _watch(self) -> None:
-        """The presence watch (:mod:`allocator._core.holding`): listens on
+        """The presence watch (:mod:`allocator._core.presence`): listens on
         the presence connection while the client waits or holds, so that a
         drop is met at once and the client subscribes again and confirms
         its return well within the grace; PINGs it while a reclaimable

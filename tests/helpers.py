@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io
-from allocator._core.holding import Holds
 from allocator._core.messages import RECHECK
+from allocator._core.presence import Holds
 from allocator._core.steps import Call, Defer, Pending, Settle, Sleep, Wait
 
 

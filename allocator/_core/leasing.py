@@ -325,7 +325,7 @@ class Leasing(PoolBase):
         self, lease: object, quarantine: object, gave_up: Callable[[Lease], bool] = _never
     ) -> Flow[bool]:
         """``gave_up``: whether this process gave the lease up (its
-        presence watch, allocator/_core/holding.py); such a lease is
+        presence watch, allocator/_core/presence.py); such a lease is
         released all the same, and the flow returns False whatever the
         server says, or if it cannot be reached."""
         held = self._check_lease(lease)
@@ -413,7 +413,7 @@ class Leasing(PoolBase):
 
     def _given_up(self, lease: Lease) -> LeaseLost:
         """What ``renew`` raises for a lease this process knows it lost
-        (``lost()``, allocator/_core/holding.py): the server told it so on
+        (``lost()``, allocator/_core/presence.py): the server told it so on
         its presence connection, or the lease ends with its holder's
         presence (``reclaim_on_disconnect``), which went unconfirmed for
         longer than the grace."""
