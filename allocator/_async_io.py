@@ -39,10 +39,9 @@ from ._core.lead import (
     step_error,
     take_item,
 )
-from ._core.liveness import HEARTBEAT_PRESENT, PRESENT
 from ._core.pending import CLOSE_WAIT, TRY, Ends, Reclaimable
 from ._core.pool import Pool
-from ._core.presence import PROBE_WAIT, Holds
+from ._core.presence import HEARTBEAT_PRESENT, PRESENT, PROBE_WAIT, Holds
 from ._core.reader import (
     ACK_DELAY,
     READ_SLACK,

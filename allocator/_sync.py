@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from ._core.keys import pool_names, pools_pattern
-from ._core.liveness import presence_budget
 from ._core.pool import Pool
+from ._core.presence import presence_budget
 from ._core.retry import RETRY_BUDGET
 from ._core.steps import Flow, Step
 from ._scripts import scripts

@@ -45,7 +45,7 @@ from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
 from redis.sentinel import SentinelConnectionPool
 
-from ._core.liveness import HEARTBEAT_PRESENT
+from ._core.presence import HEARTBEAT_PRESENT
 
 __all__ = [
     "bound_client_retries",

@@ -28,9 +28,10 @@ from allocator import (
     UnknownResource,
 )
 from allocator._core.keys import _escape
-from allocator._core.liveness import HEARTBEAT, HEARTBEAT_PRESENT
+from allocator._core.liveness import HEARTBEAT
 from allocator._core.messages import target
 from allocator._core.pool import Pool
+from allocator._core.presence import HEARTBEAT_PRESENT
 from allocator._core.reader import Reader
 from allocator._core.replies import _tagged
 from allocator._scripts import OPERATIONS, load_scripts

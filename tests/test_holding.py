@@ -4,8 +4,7 @@ how often its watch looks. Pure: times are given."""
 
 from __future__ import annotations
 
-from allocator._core.liveness import GRACE
-from allocator._core.presence import GIVE_UP, LINGER, LISTEN, PROBE, SAFE, Holds
+from allocator._core.presence import GIVE_UP, GRACE, LINGER, LISTEN, PROBE, SAFE, Holds
 
 
 def test_the_safe_part_of_the_grace_leaves_room_before_the_server_may_end_a_lease() -> None:

@@ -17,9 +17,10 @@ from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _text, _timeout
 from .clients import client_info
-from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
+from .liveness import HEARTBEAT
 from .messages import DELETED, RECHECK, many_id
 from .pending import RIDE_OUT, cancel_end, end_key, release_end, renew_budget
+from .presence import WAITER_BACKOFF, alive_ms
 from .replies import _BUSY, _GONE, State, _tagged, _unexpected
 from .retry import SIDE_BUDGET, is_transient, retry_single, retrying
 from .steps import Call, Defer, Flow, Pending, Settle, Wait
@@ -148,7 +149,7 @@ class Leasing(PoolBase):
             # While this flow retries a look, it does not lead its client's
             # reader rounds (allocator/_core/lead.py): if it alone waits in
             # its process, nobody else subscribes the client again after an
-            # outage (liveness.WAITER_BACKOFF, as the reader's own retries).
+            # outage (presence.WAITER_BACKOFF, as the reader's own retries).
             try:
                 if not self.min_replicas:
                     return (

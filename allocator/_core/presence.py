@@ -1,11 +1,25 @@
-"""A client's presence as a session, as its watch sees it
-(docs/concepts.md, "Presence as a session"): the decisions, shared by both
-shells, which listen on the presence connection, probe it and carry them
-out.
+"""A client's presence (docs/concepts.md#presence-as-a-session): what both
+shells decide about it, and carry out on the presence connection
+(allocator/_presence.py).
 
-While the client waits or holds a lease in a pool where it keeps a
-presence, a watch listens on the presence connection, so that a drop is
-seen the moment it happens, and subscribes again at once. Each new
+A client that keeps a presence holds one connection subscribed to a channel
+named by its id under each pool it waits in (:func:`presence_channel`,
+``<pool>:p:<client id>``), and its id starts with :data:`PRESENT`. The
+scripts count the channel's subscribers (``PUBSUB SHARDNUMSUB``): a process
+that dies has its sockets closed by its kernel, so it is found absent at
+once and is gone after :data:`GRACE`; one that is stopped or stalled keeps
+its connections, and so its place, until its mark runs out,
+:data:`ALIVE_PRESENT` after its last heartbeat. A client without a presence
+(the server or the ACL cannot count subscribers, a cluster, fakeredis) is
+judged by its liveness mark alone, as in 0.2 (:mod:`.liveness`); the clocks
+of a client by its id are :func:`alive_ms`, :func:`heartbeat_of` and
+:func:`silence`. (The scripts keep the other side of these rules: GRACE_MS
+and the marks in lua/prelude.lua.)
+
+The holder's watch (:class:`Holds`): while the client waits or holds a
+lease in a pool where it keeps a presence, a watch listens on the presence
+connection, so that a drop is seen the moment it happens, and subscribes
+again at once. Each new
 subscription is followed by the client's own confirmation of its return
 in every pool (lua/present.lua), which ends whatever absence the scripts
 found meanwhile: an absence that ended is never added to a later one.
@@ -39,8 +53,70 @@ import random
 
 import attrs
 
-from .liveness import GRACE
+from .liveness import ALIVE, ALIVE_MS, HEARTBEAT
 from .messages import ended_lease
+from .retry import RETRY_BUDGET
+
+#: The first characters of the id of a client that keeps a presence.
+PRESENT = "p."
+#: Longest a client's reader blocks on its signal list before it refreshes
+#: the client's liveness mark (:data:`.liveness.HEARTBEAT`), for a client
+#: that keeps a presence: its connection answers for it (a dead one is
+#: found by its presence, and every release looks at the queue head), so
+#: its reader refreshes the mark rarely: waiting then costs its process
+#: about 2 commands per heartbeat (the heartbeat and one blocking read),
+#: under one a second. No longer, so that a live waiter behind a crowd of
+#: dead ones, which only its heartbeat finds, is served within 2.5 s of
+#: their death. The reader waits for a blocking read's reply itself, so
+#: this may exceed the client's socket timeout.
+HEARTBEAT_PRESENT = 2.0
+#: The longest silence a client that keeps a presence may keep without its
+#: waiters losing their place (:data:`.liveness.ALIVE`): a dead one is told
+#: by its connection, so a stalled one can be given room: a live waiter
+#: stalled up to 10 s keeps its place (docs/concepts.md, 'Liveness marks,
+#: presence and dead waiters').
+ALIVE_PRESENT = 11.0
+#: How long a client that keeps a presence may be absent (no subscriber on
+#: its channel) before it counts as gone, counted from the first script run
+#: that found it so: a reconnect's time (GRACE_MS in lua/prelude.lua).
+GRACE = 1.0
+#: The longest pause between two tries of what keeps a waiter's place (its
+#: reader's rounds, its own looks at the queue) while the server is out of
+#: reach: after a restart or a failover, its client must be subscribed
+#: again well within the grace, or its waiters lose their place for the
+#: outage.
+WAITER_BACKOFF = GRACE / 2
+#: The liveness mark a refresh sets, in ms, for a client that keeps a
+#: presence (:data:`.liveness.ALIVE_MS`).
+ALIVE_PRESENT_MS = round((ALIVE_PRESENT + HEARTBEAT_PRESENT) * 1000)
+
+
+def presence_budget(timeout: float | None) -> float:
+    """How long an acquire may spend setting up its client's presence in a
+    pool (its first wait there): half the single-call budget, or of the
+    acquire's own (checked) timeout if that is shorter, so that the flow's
+    own tries keep the other half (a server that accepts connections and
+    never answers costs the acquire its timeout, not more)."""
+    return max(min(RETRY_BUDGET if timeout is None else timeout, RETRY_BUDGET) / 2, 0.05)
+
+
+def alive_ms(cid: str) -> int:
+    """The liveness mark (ms) that client ``cid`` sets at each refresh."""
+    return ALIVE_PRESENT_MS if cid.startswith(PRESENT) else ALIVE_MS
+
+
+def heartbeat_of(cid: str) -> float:
+    """How often the reader of client ``cid`` refreshes its mark, at the
+    longest."""
+    return HEARTBEAT_PRESENT if cid.startswith(PRESENT) else HEARTBEAT
+
+
+def silence(cid: str) -> float:
+    """The longest silence client ``cid`` may keep without losing its place."""
+    return ALIVE_PRESENT if cid.startswith(PRESENT) else ALIVE
+
+
+# -- the holder's watch ---------------------------------------------------------
 
 #: How often the watch sends a PING while a lease that ends with its
 #: holder's presence is held, so that a connection that stopped answering

@@ -17,9 +17,10 @@ from typing import Any
 import attrs
 
 from .keys import PICK
-from .liveness import ACK_GIVE_UP, PRESENT, WAITER_BACKOFF, alive_ms, heartbeat_of, silence
+from .liveness import ACK_GIVE_UP
 from .messages import DELETED, GRANT, RECHECK, request_of, target
 from .pool import Pool
+from .presence import PRESENT, WAITER_BACKOFF, alive_ms, heartbeat_of, silence
 from .replicas import check_slot
 from .replies import _decode, _tagged, _unexpected
 from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
@@ -42,7 +43,7 @@ class _Served:
 
     pool: Pool
     key: str
-    #: The client's id in this pool (its presence decides: liveness.py).
+    #: The client's id in this pool (its presence decides: presence.py).
     cid: str
     lids: collections.OrderedDict[str, None] = attrs.field(factory=collections.OrderedDict)
     acks: list[str] = attrs.field(factory=list)
@@ -90,7 +91,7 @@ class Reader:
         #: chains it to its AcquireTimeout.
         self.trouble: BaseException | None = None
         # The next heartbeat after an outage refreshes the client and
-        # subscribes it again (liveness.WAITER_BACKOFF).
+        # subscribes it again (presence.WAITER_BACKOFF).
         self._retrier = Retrier("waiting-list reader", cap=WAITER_BACKOFF)
         self._refusals = 0
         self._failing_since: float | None = None
@@ -99,7 +100,7 @@ class Reader:
 
     @property
     def present_cid(self) -> str:
-        """The client's id where it keeps a presence (liveness.PRESENT)."""
+        """The client's id where it keeps a presence (presence.PRESENT)."""
         return PRESENT + self.cid
 
     def presence_decided(self, pool: Pool) -> bool:
@@ -183,7 +184,7 @@ class Reader:
     def interval(self) -> float:
         """How often the heartbeat comes: for the clients ids of the pools
         with waiters (a client that keeps a presence beats rarely:
-        liveness.HEARTBEAT_PRESENT), within the reader's own bound."""
+        presence.HEARTBEAT_PRESENT), within the reader's own bound."""
         cids = {s.cid for s in self._served.values() if s.lids}
         return min([self.heartbeat, *(heartbeat_of(cid) for cid in cids)])
 
