@@ -305,25 +305,25 @@ class Reader:
         return self.known_cid(pool)
 
     def known_cid(self, pool: Pool) -> str:
-        return self.core.cid_for(pool)
+        return self.core.presences.cid_for(pool)
 
     def joined(self, pool: Pool) -> bool:
-        return self.core.presence_decided(pool)
+        return self.core.presences.decided(pool)
 
     async def join(self, pool: Pool, budget: float) -> None:
         """Same as the sync reader's, awaitable."""
         if self.joined(pool):
             return
-        channel = pool.presence_channel(self.core.present_cid)
+        channel = self.core.presences.channel(pool)
         kept = False if self.presence is None else await self.presence.join(channel, budget)
         if kept is not None:  # None: the server was out of reach; next time
-            self.core.decide_presence(pool, kept)
+            self.core.presences.decide(pool, kept)
 
     # -- what the client holds: the presence watch -----------------------------
 
     def hold(self, pool: Pool, leases: list[Lease]) -> None:
         """Same as the sync reader's; the watch is a task."""
-        if self.presence is None or not self.core.cid_for(pool).startswith(PRESENT):
+        if self.presence is None or not self.core.presences.cid_for(pool).startswith(PRESENT):
             return
         now = self.loop.time()
         for lease in leases:
@@ -376,7 +376,7 @@ class Reader:
                     continue
             elif connected:
                 continue
-            channels = self.core.channels()
+            channels = self.core.presences.channels()
             if not channels:
                 await asyncio.sleep(period)
                 continue
@@ -400,7 +400,7 @@ class Reader:
 
     async def _confirm_return(self) -> None:
         """Same as the sync reader's."""
-        calls = self.core.confirms()
+        calls = self.core.presences.confirms()
         sent = self.loop.time()
         try:
             answers = [await run_call(self._client, self._scripts, call) for call in calls]
@@ -412,7 +412,7 @@ class Reader:
 
     def register(self, pool: Pool, lid: str) -> None:
         self.core.register(pool, lid, asyncio.Queue())
-        if self.presence is not None and self.core.cid_for(pool).startswith(PRESENT):
+        if self.presence is not None and self.core.presences.cid_for(pool).startswith(PRESENT):
             self._ensure_watch()
 
     def unregister(self, lid: str) -> None:

@@ -412,12 +412,12 @@ class Reader:
     def known_cid(self, pool: Pool) -> str:
         """The client's id in ``pool`` as things stand (no I/O)."""
         with self._lock:
-            return self.core.cid_for(pool)
+            return self.core.presences.cid_for(pool)
 
     def joined(self, pool: Pool) -> bool:
         """Whether the client's presence in ``pool`` is decided (no I/O)."""
         with self._lock:
-            return self.core.presence_decided(pool)
+            return self.core.presences.decided(pool)
 
     def join(self, pool: Pool, budget: float) -> None:
         """Before the client's first wait in ``pool``: set up its presence
@@ -425,11 +425,11 @@ class Reader:
         seconds), a subscription to the pool's presence channel."""
         if self.joined(pool):
             return
-        channel = pool.presence_channel(self.core.present_cid)
+        channel = self.core.presences.channel(pool)
         kept = False if self.presence is None else self.presence.join(channel, budget)
         if kept is not None:  # None: the server was out of reach; next time
             with self._lock:
-                self.core.decide_presence(pool, kept)
+                self.core.presences.decide(pool, kept)
 
     # -- what the client holds: the presence watch -----------------------------
 
@@ -440,7 +440,7 @@ class Reader:
             return
         now = time.monotonic()
         with self._lock:
-            if not self.core.cid_for(pool).startswith(PRESENT):
+            if not self.core.presences.cid_for(pool).startswith(PRESENT):
                 return
             for lease in leases:
                 self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
@@ -516,7 +516,7 @@ class Reader:
             elif connected:
                 continue
             with self._lock:
-                channels = self.core.channels()
+                channels = self.core.presences.channels()
             if not channels:
                 self._unwatch.wait(period)
                 continue
@@ -548,7 +548,7 @@ class Reader:
         presence (lua/present.lua): the absences the scripts found are
         over; until then the presence stays suspended."""
         with self._lock:
-            calls = self.core.confirms()
+            calls = self.core.presences.confirms()
         sent = time.monotonic()
         try:
             answers = [run_call(self._client, self._scripts, call) for call in calls]
@@ -562,7 +562,7 @@ class Reader:
     def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
             self.core.register(pool, lid, queue.SimpleQueue())
-            if self.presence is not None and self.core.cid_for(pool).startswith(PRESENT):
+            if self.presence is not None and self.core.presences.cid_for(pool).startswith(PRESENT):
                 self._ensure_watch()
 
     def unregister(self, lid: str) -> None:

@@ -37,8 +37,7 @@ from redis.cluster import key_slot
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease, UnknownResource
 from allocator._core.pool import Pool
-from allocator._core.presence import ALIVE_PRESENT
-from allocator._core.reader import present
+from allocator._core.presence import ALIVE_PRESENT, present
 from allocator._core.steps import Call
 from allocator._scripts import OPERATIONS
 

@@ -285,8 +285,8 @@ def test_a_client_that_keeps_a_presence_beats_rarely() -> None:
     hub = Reader(HEARTBEAT_PRESENT)
     present = Pool.create("a", lease_ttl=60, bind_ttl=60, prefix="alloc")
     plain = Pool.create("b", lease_ttl=60, bind_ttl=60, prefix="alloc")
-    hub.decide_presence(present, True)
-    hub.decide_presence(plain, False)
+    hub.presences.decide(present, True)
+    hub.presences.decide(plain, False)
     hub.register(present, "l1", None)
     assert hub.interval() == HEARTBEAT_PRESENT
     hub.register(plain, "l2", None)

@@ -108,11 +108,6 @@ class PoolBase(Confirmation):
     def signal_key(self, suffix: str) -> str:
         return self.keys[-1] + suffix
 
-    def presence_channel(self, cid: str) -> str:
-        """The channel whose subscriber is client ``cid``'s presence in this
-        pool (``<prefix>:{<name>}:p:<cid>``: in the pool's cluster slot)."""
-        return self.keys[-1][: -len("s:")] + "p:" + cid
-
     # -- leases ---------------------------------------------------------------
 
     def _lease(self, lid: str, fields: list[Any]) -> Lease:

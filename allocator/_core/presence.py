@@ -14,15 +14,17 @@ its connections, and so its place, until its mark runs out,
 judged by its liveness mark alone, as in 0.2 (:mod:`.liveness`); the clocks
 of a client by its id are :func:`alive_ms`, :func:`heartbeat_of` and
 :func:`silence`. (The scripts keep the other side of these rules: GRACE_MS
-and the marks in lua/prelude.lua.)
+and the marks in lua/prelude.lua.) The pools in which a client keeps a
+presence, or cannot, and so its id in each, are its reader's presence
+table (:class:`Presences`).
 
 The holder's watch (:class:`Holds`): while the client waits or holds a
 lease in a pool where it keeps a presence, a watch listens on the presence
 connection, so that a drop is seen the moment it happens, and subscribes
-again at once. Each new
-subscription is followed by the client's own confirmation of its return
-in every pool (lua/present.lua), which ends whatever absence the scripts
-found meanwhile: an absence that ended is never added to a later one.
+again at once. Each new subscription is followed by the client's own
+confirmation of its return in every pool (:func:`present`,
+lua/present.lua), which ends whatever absence the scripts found
+meanwhile: an absence that ended is never added to a later one.
 
 A lease acquired with ``reclaim_on_disconnect`` ends on the server once
 its holder has been absent (no subscriber on its channel) without a break
@@ -50,12 +52,16 @@ nothing periodic: the connection's close is all the server needs."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import attrs
 
+from .base import PoolBase
 from .liveness import ALIVE, ALIVE_MS, HEARTBEAT
 from .messages import ended_lease
+from .replies import _tagged, _unexpected
 from .retry import RETRY_BUDGET
+from .steps import Call
 
 #: The first characters of the id of a client that keeps a presence.
 PRESENT = "p."
@@ -114,6 +120,89 @@ def heartbeat_of(cid: str) -> float:
 def silence(cid: str) -> float:
     """The longest silence client ``cid`` may keep without losing its place."""
     return ALIVE_PRESENT if cid.startswith(PRESENT) else ALIVE
+
+
+# -- the presence table -----------------------------------------------------------
+
+
+def presence_channel(pool: PoolBase, cid: str) -> str:
+    """The channel whose subscriber is client ``cid``'s presence in
+    ``pool`` (``<prefix>:{<name>}:p:<cid>``: in the pool's cluster slot)."""
+    return pool.keys[-1][: -len("s:")] + "p:" + cid
+
+
+def present(pool: PoolBase, cid: str) -> Call[int]:
+    """Client ``cid`` confirms its return to ``pool`` (lua/present.lua):
+    1 if the server counts its presence connection now (an absence it had
+    found is over), 0 if not (it dropped again: confirm on the next one),
+    -1 if the server cannot tell."""
+
+    def parse(reply: Any) -> int:
+        tag, rest = _tagged("present", reply)
+        if tag != "present" or len(rest) != 1:
+            raise _unexpected("present", reply)
+        return int(rest[0])
+
+    return Call("present", pool.keys, (cid,), parse)
+
+
+class Presences:
+    """The presence table of one client's reader: the pools in which the
+    client keeps a presence (its shell subscribed to the pool's channel
+    for it), or cannot, and so its id in each."""
+
+    def __init__(self, cid: str) -> None:
+        #: The client's plain id (its reader's).
+        self.cid = cid
+        #: Pools (by their first key) in which this client keeps a presence
+        #: (its channel there) or cannot (None); a pool not in it is not yet
+        #: decided.
+        self._presence: dict[str, str | None] = {}
+        #: The pools where it keeps one, to confirm its return there after
+        #: each (re)subscription (:func:`present`).
+        self._present_in: dict[str, PoolBase] = {}
+
+    @property
+    def present_cid(self) -> str:
+        """The client's id where it keeps a presence (:data:`PRESENT`)."""
+        return PRESENT + self.cid
+
+    def channel(self, pool: PoolBase) -> str:
+        """The client's presence channel in ``pool``."""
+        return presence_channel(pool, self.present_cid)
+
+    def decided(self, pool: PoolBase) -> bool:
+        return pool.keys[0] in self._presence
+
+    def decide(self, pool: PoolBase, kept: bool) -> None:
+        """Whether this client keeps a presence in ``pool``: its shell
+        subscribed to the pool's channel for it, or could not (it waits
+        there under the plain id, judged by its mark alone)."""
+        channel = self.channel(pool) if kept else None
+        self._presence.setdefault(pool.keys[0], channel)
+        if self._presence[pool.keys[0]] is not None:
+            self._present_in.setdefault(pool.keys[0], pool)
+
+    def forget(self) -> None:
+        """The presence connection was closed: every pool decides again."""
+        self._presence.clear()
+        self._present_in.clear()
+
+    def cid_for(self, pool: PoolBase) -> str:
+        """The client's id in ``pool``."""
+        return self.present_cid if self._presence.get(pool.keys[0]) else self.cid
+
+    def channels(self) -> list[str]:
+        """The presence channels of the pools where this client keeps one
+        (waited in, or only held a lease in)."""
+        return [channel for channel in self._presence.values() if channel is not None]
+
+    def confirms(self) -> list[Call[int]]:
+        """After each (re)subscription of the presence connection: the
+        client's confirmation of its return in each pool where it keeps a
+        presence (:func:`present`), which ends the absence the scripts may
+        have started meanwhile, so that it is never added to a later one."""
+        return [present(pool, self.present_cid) for pool in self._present_in.values()]
 
 
 # -- the holder's watch ---------------------------------------------------------

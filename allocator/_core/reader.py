@@ -20,7 +20,7 @@ from .keys import PICK
 from .liveness import ACK_GIVE_UP
 from .messages import DELETED, GRANT, RECHECK, request_of, target
 from .pool import Pool
-from .presence import PRESENT, WAITER_BACKOFF, alive_ms, heartbeat_of, silence
+from .presence import WAITER_BACKOFF, Presences, alive_ms, heartbeat_of, silence
 from .replicas import check_slot
 from .replies import _decode, _tagged, _unexpected
 from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
@@ -69,13 +69,8 @@ class Reader:
         #: reader lives in one process: a forked child makes its own.
         self.cid = secrets.token_urlsafe(9)
         self.heartbeat = heartbeat
-        #: Pools (by their first key) in which this client keeps a presence
-        #: (its channel there) or cannot (None); a pool not in it is not yet
-        #: decided.
-        self._presence: dict[str, str | None] = {}
-        #: The pools where it keeps one, to confirm its return there after
-        #: each (re)subscription (:func:`present`).
-        self._present_in: dict[str, Pool] = {}
+        #: The pools in which this client keeps a presence, or cannot.
+        self.presences = Presences(self.cid)
         self._waiters: dict[str, tuple[_Served, Any]] = {}
         self._served: dict[str, _Served] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -98,51 +93,18 @@ class Reader:
 
     # -- presence -------------------------------------------------------------
 
-    @property
-    def present_cid(self) -> str:
-        """The client's id where it keeps a presence (presence.PRESENT)."""
-        return PRESENT + self.cid
-
-    def presence_decided(self, pool: Pool) -> bool:
-        return pool.keys[0] in self._presence
-
-    def decide_presence(self, pool: Pool, kept: bool) -> None:
-        """Whether this client keeps a presence in ``pool``: its shell
-        subscribed to the pool's channel for it, or could not (it waits
-        there under the plain id, judged by its mark alone)."""
-        channel = pool.presence_channel(self.present_cid) if kept else None
-        self._presence.setdefault(pool.keys[0], channel)
-        if self._presence[pool.keys[0]] is not None:
-            self._present_in.setdefault(pool.keys[0], pool)
-
     def forget_presence(self) -> None:
         """The presence connection was closed (close()): every pool decides
-        again at its next wait. Only while nobody waits."""
+        again at its next wait (:meth:`Presences.forget
+        <.presence.Presences.forget>`). Only while nobody waits."""
         assert not self._waiters, "presence forgotten under waiters"
-        self._presence.clear()
-        self._present_in.clear()
+        self.presences.forget()
         self._served = {k: s for k, s in self._served.items() if s.acks}
-
-    def cid_for(self, pool: Pool) -> str:
-        """The client's id in ``pool``."""
-        return self.present_cid if self._presence.get(pool.keys[0]) else self.cid
-
-    def channels(self) -> list[str]:
-        """The presence channels of the pools where this client keeps one
-        (waited in, or only held a lease in)."""
-        return [channel for channel in self._presence.values() if channel is not None]
-
-    def confirms(self) -> list[Call[int]]:
-        """After each (re)subscription of the presence connection: the
-        client's confirmation of its return in each pool where it keeps a
-        presence (:func:`present`), which ends the absence the scripts may
-        have started meanwhile, so that it is never added to a later one."""
-        return [present(pool, self.present_cid) for pool in self._present_in.values()]
 
     # -- waiters ------------------------------------------------------------
 
     def register(self, pool: Pool, lid: str, inbox: Any) -> None:
-        cid = self.cid_for(pool)
+        cid = self.presences.cid_for(pool)
         key = pool.signal_key(cid)
         served = self._served.get(key)
         if served is None:
@@ -351,7 +313,7 @@ class Reader:
                     results = yield Beat(self.beats())
                     inboxes, again, resubscribe = self.beaten(clock(), results)
                     if resubscribe:
-                        yield Subscribe(self.channels())
+                        yield Subscribe(self.presences.channels())
                     if inboxes:
                         yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
                     if again:
@@ -425,21 +387,6 @@ def heartbeat(pool: Pool, cid: str, probe: str) -> Call[Beaten]:
 
     own = (*pool.keys, pool.signal_key(cid))
     return Call("poll", own, ("", cid, alive_ms(cid), probe), parse)
-
-
-def present(pool: Pool, cid: str) -> Call[int]:
-    """Client ``cid`` confirms its return to ``pool`` (lua/present.lua):
-    1 if the server counts its presence connection now (an absence it had
-    found is over), 0 if not (it dropped again: confirm on the next one),
-    -1 if the server cannot tell."""
-
-    def parse(reply: Any) -> int:
-        tag, rest = _tagged("present", reply)
-        if tag != "present" or len(rest) != 1:
-            raise _unexpected("present", reply)
-        return int(rest[0])
-
-    return Call("present", pool.keys, (cid,), parse)
 
 
 def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, too_long: bool) -> bool:
