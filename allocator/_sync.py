@@ -15,7 +15,8 @@ from ._core.presence import presence_budget
 from ._core.retry import RETRY_BUDGET
 from ._core.steps import Flow, Step
 from ._scripts import scripts
-from ._sync_io import Reader, drive, execute, reader_for, readers_of, run_step, senders_of
+from ._sync_io import drive, execute, run_step, senders_of
+from ._sync_reader import Reader, reader_for, readers_of
 from ._transport import (
     bound_client_retries,
     client_kind,

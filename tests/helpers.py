@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io
+from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io, _sync_reader
 from allocator._core.messages import RECHECK
 from allocator._core.presence import Holds
 from allocator._core.steps import Call, Defer, Pending, Settle, Sleep, Wait
@@ -71,11 +71,11 @@ def end_presence_watches() -> None:
     watch ends: a test that ends with leases held, perhaps on a server it
     stopped, must not leave a watch probing (and reconnecting) into the
     next test."""
-    for registry in (_sync_io._REGISTRY, _async_io._REGISTRY):
+    for registry in (_sync_reader._REGISTRY, _async_io._REGISTRY):
         for readers in list(registry.values()):
             for reader in list(readers.values()):
                 reader.holds = Holds()
-                if isinstance(reader, _sync_io.Reader):
+                if isinstance(reader, _sync_reader.Reader):
                     watcher = reader._watcher
                     reader._unwatch.set()
                     if watcher is not None:
@@ -242,7 +242,7 @@ def readers_quiet(*pools: Any, timeout: float = 10.0) -> None:
     waits for this, so that no reader outlives them and retries its last
     acknowledgement against a server that is gone (logging warnings into
     later tests)."""
-    from allocator._sync_io import reader_for
+    from allocator._sync_reader import reader_for
 
     readers = [reader_for(pool.client, pool._pool) for pool in pools]
     wait_until(lambda: not any(r.reading for r in readers), timeout, "the readers to end")

@@ -27,7 +27,7 @@ from helpers import blocked_readers, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
 from allocator._core.keys import PICK
-from allocator._sync_io import Reader, reader_for
+from allocator._sync_reader import Reader, reader_for
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from allocator._core.lead import THREAD, Lead
 from allocator._core.liveness import HEARTBEAT
 from allocator._core.pool import Pool
 from allocator._core.steps import Beat, Deliver, Exchange, Sleep, Subscribe
-from allocator._sync_io import Reader
+from allocator._sync_reader import Reader
 
 
 class Boom(Exception):
