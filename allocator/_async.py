@@ -20,16 +20,8 @@ from typing import (
     overload,
 )
 
-from ._async_io import (
-    Reader,
-    drive,
-    execute,
-    reader_for,
-    readers_of,
-    run_step,
-    senders_of,
-    within,
-)
+from ._async_io import drive, execute, run_step, senders_of, within
+from ._async_reader import Reader, reader_for, readers_of
 from ._core.keys import pool_names, pools_pattern
 from ._core.pool import Pool
 from ._core.presence import presence_budget

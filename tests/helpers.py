@@ -10,7 +10,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io, _sync_reader
+from allocator import (
+    AsyncFairAllocator,
+    FairAllocator,
+    _async_io,
+    _async_reader,
+    _sync_io,
+    _sync_reader,
+)
 from allocator._core.messages import RECHECK
 from allocator._core.presence import Holds
 from allocator._core.steps import Call, Defer, Pending, Settle, Sleep, Wait
@@ -71,7 +78,7 @@ def end_presence_watches() -> None:
     watch ends: a test that ends with leases held, perhaps on a server it
     stopped, must not leave a watch probing (and reconnecting) into the
     next test."""
-    for registry in (_sync_reader._REGISTRY, _async_io._REGISTRY):
+    for registry in (_sync_reader._REGISTRY, _async_reader._REGISTRY):
         for readers in list(registry.values()):
             for reader in list(readers.values()):
                 reader.holds = Holds()

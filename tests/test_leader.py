@@ -164,7 +164,7 @@ def test_asyncio_waiters_lead_in_turn(redis_url: str, pool_name: str) -> None:
             while (await pool.status()).waiting < i:
                 await asyncio.sleep(0.01)
         await tasks[0]
-        from allocator._async_io import reader_for as async_reader_for
+        from allocator._async_reader import reader_for as async_reader_for
 
         reader = async_reader_for(client, pool._pool)
         assert reader._task is None or reader._task.done()  # the tasks lead: no task of its own
