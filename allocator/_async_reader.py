@@ -38,14 +38,12 @@ from ._core.lead import (
     PARTIAL,
     THREAD,
     Lead,
-    block_for,
-    read_wait,
     step_error,
     take_item,
 )
 from ._core.pending import Reclaimable
 from ._core.pool import Pool
-from ._core.presence import HEARTBEAT_PRESENT, PRESENT, PROBE_WAIT, Holds
+from ._core.presence import PROBE_WAIT, Holds
 from ._core.reader import (
     ACK_DELAY,
     READ_SLACK,
@@ -66,10 +64,10 @@ from ._core.steps import (
 from ._presence import AsyncPresence, refused
 from ._scripts import scripts
 from ._transport import (
-    heartbeat_for,
     in_process,
     is_cluster,
     keeps_presence,
+    reader_heartbeat,
 )
 from ._values import Lease
 
@@ -93,7 +91,7 @@ class Reader:
         self._client = client
         self._scripts = scripts()
         self._cluster = is_cluster(client)
-        self.core = core.Reader(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
+        self.core = core.Reader(reader_heartbeat(client))
         self.lead = Lead(self.core)
         self._task: asyncio.Task[None] | None = None
         self._chores: set[asyncio.Task[Any]] = set()
@@ -138,7 +136,7 @@ class Reader:
 
     def hold(self, pool: Pool, leases: list[Lease]) -> None:
         """Same as the sync reader's; the watch is a task."""
-        if self.presence is None or not self.core.presences.cid_for(pool).startswith(PRESENT):
+        if self.presence is None or not self.core.presences.kept(pool):
             return
         now = self.loop.time()
         for lease in leases:
@@ -227,7 +225,7 @@ class Reader:
 
     def register(self, pool: Pool, lid: str) -> None:
         self.core.register(pool, lid, asyncio.Queue())
-        if self.presence is not None and self.core.presences.cid_for(pool).startswith(PRESENT):
+        if self.presence is not None and self.core.presences.kept(pool):
             self._ensure_watch()
 
     def unregister(self, lid: str) -> None:
@@ -336,9 +334,7 @@ class Reader:
         """Same as the sync reader's, awaitable; a release runs as a task
         of its own, so that the round goes on meanwhile."""
         if isinstance(step, Exchange):
-            now = self.loop.time()
-            block = block_for(step, deadline, now)
-            wait = read_wait(block, deadline, now)
+            block, wait = self.lead.bounds(step, deadline, self.loop.time())
             return await self._exchange(step.acks, step.keys, block, wait)
         if isinstance(step, Beat):
             if self.presence is not None:

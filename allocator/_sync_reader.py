@@ -31,14 +31,12 @@ from ._core.lead import (
     PARTIAL,
     THREAD,
     Lead,
-    block_for,
-    read_wait,
     step_error,
     take_item,
 )
 from ._core.pending import Reclaimable
 from ._core.pool import Pool
-from ._core.presence import HEARTBEAT_PRESENT, PRESENT, PROBE_WAIT, Holds
+from ._core.presence import PROBE_WAIT, Holds
 from ._core.reader import (
     ACK_DELAY,
     READ_SLACK,
@@ -60,10 +58,10 @@ from ._presence import Presence, refused
 from ._scripts import scripts
 from ._sync_io import _connection, drive, run_call, run_step, sender_for
 from ._transport import (
-    heartbeat_for,
     in_process,
     is_cluster,
     keeps_presence,
+    reader_heartbeat,
 )
 from ._values import Lease
 
@@ -91,7 +89,7 @@ class Reader:
         self._client = client
         self._scripts = scripts()
         self._cluster = is_cluster(client)
-        self.core = core.Reader(heartbeat_for(client) if self._cluster else HEARTBEAT_PRESENT)
+        self.core = core.Reader(reader_heartbeat(client))
         self._lock = threading.Lock()
         self.lead = Lead(self.core)
         self._thread: threading.Thread | None = None
@@ -156,7 +154,7 @@ class Reader:
             return
         now = time.monotonic()
         with self._lock:
-            if not self.core.presences.cid_for(pool).startswith(PRESENT):
+            if not self.core.presences.kept(pool):
                 return
             for lease in leases:
                 self.holds.hold(lease.id, now, lease.ttl, pool.reclaim_on_disconnect)
@@ -278,7 +276,7 @@ class Reader:
     def register(self, pool: Pool, lid: str) -> None:
         with self._lock:
             self.core.register(pool, lid, queue.SimpleQueue())
-            if self.presence is not None and self.core.presences.cid_for(pool).startswith(PRESENT):
+            if self.presence is not None and self.core.presences.kept(pool):
                 self._ensure_watch()
 
     def unregister(self, lid: str) -> None:
@@ -416,9 +414,8 @@ class Reader:
         :data:`~allocator._core.lead.PARTIAL`, to be finished by the next
         leader."""
         if isinstance(step, Exchange):
-            now = time.monotonic()
-            block = block_for(step, deadline, now)
-            return self._exchange(step.acks, step.keys, block, read_wait(block, deadline, now))
+            block, wait = self.lead.bounds(step, deadline, time.monotonic())
+            return self._exchange(step.acks, step.keys, block, wait)
         if isinstance(step, Beat):
             if self.presence is not None:
                 self._beat_generation = self.presence.generation

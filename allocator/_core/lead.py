@@ -151,6 +151,14 @@ class Lead:
         self._step = None
         self._result = (reply, error)
 
+    @staticmethod
+    def bounds(step: Exchange, deadline: float | None, now: float) -> tuple[float, float]:
+        """A round ``step`` under a leader whose time ends at ``deadline``:
+        how long it blocks (:func:`block_for`) and how long the leader waits
+        for its reply (:func:`read_wait`)."""
+        block = block_for(step, deadline, now)
+        return block, read_wait(block, deadline, now)
+
     def pause(self, seconds: float, deadline: float | None, now: float) -> tuple[float, bool]:
         """A pause step (``Sleep``) under a leader whose time ends at
         ``deadline``: how long to sleep now, and whether the pause is over

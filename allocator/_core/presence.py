@@ -188,9 +188,13 @@ class Presences:
         self._presence.clear()
         self._present_in.clear()
 
+    def kept(self, pool: PoolBase) -> bool:
+        """Whether this client keeps a presence in ``pool``."""
+        return bool(self._presence.get(pool.keys[0]))
+
     def cid_for(self, pool: PoolBase) -> str:
         """The client's id in ``pool``."""
-        return self.present_cid if self._presence.get(pool.keys[0]) else self.cid
+        return self.present_cid if self.kept(pool) else self.cid
 
     def channels(self) -> list[str]:
         """The presence channels of the pools where this client keeps one
