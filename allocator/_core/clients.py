@@ -19,6 +19,7 @@ import socket
 from typing import Any
 
 from .._values import ClientInfo
+from .._version import __version__
 from .presence import alive_ms, heartbeat_of
 
 #: What a heartbeat may be late by without the client looking stalled: a
@@ -35,8 +36,6 @@ def stalled_after(cid: str) -> float:
 def client_info() -> str:
     """What a client says of itself on its first acquire in a pool
     (``<pid>|<version>|<host>``, lua/acquire.lua)."""
-    from .. import __version__
-
     host = socket.gethostname()[:255] or "?"
     return f"{os.getpid()}|{__version__}|{host}"
 
