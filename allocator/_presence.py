@@ -87,7 +87,7 @@ class Presence:
     SUBSCRIBE on 6.2). The scripts
     count its subscribers, and the server drops it the moment this process
     dies; what they publish there is the end of a lease of this client's
-    (``e|<lease id>``: a revoke, a reclaim, lua/prelude.lua ``P:tell_end``),
+    (``e|<lease id>``: a revoke, a reclaim, lua/prelude_clients.lua ``P:tell_end``),
     which :meth:`listen` returns.
 
     On a cluster (a reader per hash slot), the connection goes to the

@@ -1,5 +1,6 @@
-"""Load the Lua scripts: ``prelude.lua`` + one file per operation, and run
-them: as a Redis Functions library where the server has one, else as scripts.
+"""Load the Lua scripts: the prelude (the files of :data:`PRELUDE`, joined in
+that order) + one file per operation, and run them: as a Redis Functions
+library where the server has one, else as scripts.
 
 In a wheel the scripts are inside the package (``allocator/lua/``, put there by
 hatchling's force-include); in a source checkout or an editable install they
@@ -46,6 +47,7 @@ from ._transport import client_kind
 
 __all__ = [
     "OPERATIONS",
+    "PRELUDE",
     "READ_ONLY",
     "Scripts",
     "library_text",
@@ -53,6 +55,7 @@ __all__ = [
     "load_functions_async",
     "load_scripts",
     "lua_dir",
+    "prelude_text",
     "scripts",
 ]
 
@@ -81,6 +84,24 @@ OPERATIONS = (
 )
 
 
+#: The files of the prelude (``lua/<name>.lua``), in the one order they are
+#: joined in, for the scripts and the Functions library alike: the state of a
+#: call first, then the ``@helpers`` line with the constants and defaults,
+#: then the helpers by concern (lua/README.md, "The prelude").
+PRELUDE = (
+    "prelude_state",
+    "prelude_defaults",
+    "prelude_checks",
+    "prelude_resources",
+    "prelude_leases",
+    "prelude_maintenance",
+    "prelude_queue",
+    "prelude_clients",
+    "prelude_grant",
+    "prelude_many",
+)
+
+
 #: Operations that write nothing: registered with the ``no-writes`` flag in
 #: the Functions library and called with ``FCALL_RO``, so that a monitoring
 #: user whose ACL allows only ``FCALL_RO`` and read-only keys (``%R~``) can
@@ -92,18 +113,27 @@ def lua_dir() -> Path:
     """The directory the scripts are read from."""
     here = Path(__file__).resolve().parent
     for candidate in (here / "lua", here.parent / "lua"):
-        if (candidate / "prelude.lua").is_file():
+        if (candidate / f"{PRELUDE[0]}.lua").is_file():
             return candidate
     raise FileNotFoundError(
         f"allocator's Lua scripts are missing: neither {here / 'lua'} nor {here.parent / 'lua'} "
-        "holds prelude.lua (a broken install?)"
+        f"holds {PRELUDE[0]}.lua (a broken install?)"
     )
+
+
+def prelude_text(folder: Path | None = None) -> str:
+    """The prelude: the files of :data:`PRELUDE` joined in that order. Each
+    file ends with its last line's newline and the join puts one blank line
+    between two files, and nothing else: the server sees one prelude, as
+    when it was one file (the split itself changed no script's SHA1)."""
+    folder = lua_dir() if folder is None else folder
+    return "\n".join((folder / f"{name}.lua").read_text(encoding="utf-8") for name in PRELUDE)
 
 
 def _sources() -> tuple[str, dict[str, str]]:
     folder = lua_dir()
-    prelude = (folder / "prelude.lua").read_text(encoding="utf-8")
-    return prelude, {op: (folder / f"{op}.lua").read_text(encoding="utf-8") for op in OPERATIONS}
+    bodies = {op: (folder / f"{op}.lua").read_text(encoding="utf-8") for op in OPERATIONS}
+    return prelude_text(folder), bodies
 
 
 def load_scripts() -> dict[str, str]:
@@ -112,7 +142,8 @@ def load_scripts() -> dict[str, str]:
     return {op: prelude + "\n" + body for op, body in bodies.items()}
 
 
-#: The line of prelude.lua that ends the state of a call and starts the helpers.
+#: The line of the prelude (the first of lua/prelude_defaults.lua) that ends
+#: the state of a call and starts the helpers.
 HELPERS_MARK = "-- @helpers:"
 
 
@@ -127,7 +158,7 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
     """
     state, mark, helpers = prelude.partition(HELPERS_MARK)
     if not mark:
-        raise ValueError(f"prelude.lua has no {HELPERS_MARK!r} line")
+        raise ValueError(f"the prelude has no {HELPERS_MARK!r} line")
     parts = [
         f"#!lua name=allocator_{version}",
         "local P = {}",
@@ -371,14 +402,19 @@ def scripts() -> Scripts:
 
 
 def load_functions(client: Any) -> str:
-    """Load this version's Functions library on the server of ``client`` (a
-    blocking ``redis.Redis``; a ``RedisCluster`` loads it on every master) and
-    return its name. For an admin: the library loads itself on first use,
-    unless the users' ACL allows ``FCALL`` but not ``FUNCTION LOAD`` (the
-    least-privilege role in docs/operations.md). Needs Redis >= 7 or Valkey.
+    """Load this version's Functions library on the server of `client` (a
+    blocking `redis.Redis`; on a `redis.cluster.RedisCluster`, on every
+    master) and return its name, `allocator_<digest>`. Needs Redis >= 7 or
+    Valkey.
 
-    An asyncio client raises ``TypeError`` (its command would only be a
-    coroutine, never run): ``await load_functions_async(client)`` instead.
+    For an admin: the library loads itself on a pool's first write
+    (`status()`, `leases()`, `stats()` and `clients()` never load it:
+    without it they run as read-only scripts), unless the users' ACL allows
+    `FCALL` but not `FUNCTION LOAD`
+    ([operations](operations.md#only-the-librarys-own-code)).
+
+    An asyncio client raises `TypeError` (its command would only be a
+    coroutine, never run): `await load_functions_async(client)` instead.
     """
     if client_kind(client) != "sync":
         raise TypeError(
@@ -391,8 +427,10 @@ def load_functions(client: Any) -> str:
 
 
 async def load_functions_async(client: Any) -> str:
-    """Same as :func:`load_functions`, awaitable, for an asyncio client
-    (``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster``)."""
+    """Same as [`load_functions`][allocator.load_functions], awaitable, for
+    an asyncio client (`redis.asyncio.Redis`,
+    `redis.asyncio.cluster.RedisCluster`); a blocking one raises
+    `TypeError`."""
     if client_kind(client) != "async":
         raise TypeError(
             "client is a blocking client: load_functions_async needs an asyncio one; "

@@ -1,30 +1,31 @@
-"""`FairAllocator`: the blocking shell around the core."""
+# generated from allocator/_async.py by docs/scripts/async_to_sync.py: do not edit
+"""`FairAllocator`: the blocking shell around the core.
+
+Waiters of one Redis client in one process (per event loop for asyncio)
+share one signal list per pool and one reader (:class:`Reader`), which
+routes each grant to its waiter: ten
+thousand waiting threads use one connection for waiting, and one heartbeat
+every two seconds keeps all of them alive in the queue.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
-from ._core.keys import pool_names, pools_pattern
+from ._acompat import Pause, Worker, check_client
 from ._core.pool import Pool
 from ._core.presence import presence_budget
-from ._core.retry import RETRY_BUDGET
-from ._core.steps import Flow, Step
+from ._core.steps import Flow
 from ._scripts import scripts
-from ._sync_io import drive, execute, run_step, senders_of
-from ._sync_reader import Reader, reader_for, readers_of
-from ._transport import (
-    bound_client_retries,
-    client_kind,
-    is_cluster,
-    is_sentinel,
-    no_client_retries,
-)
-from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus
+from ._sync_admin import Admin
+from ._sync_io import senders_of
+from ._sync_reader import Reader, readers_of
+from ._transport import bound_client_retries, is_sentinel
+from ._values import Lease
 from .errors import LeaseLost
 
 __all__ = ["FairAllocator"]
@@ -32,51 +33,84 @@ __all__ = ["FairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
-S = TypeVar("S")
 A = TypeVar("A")
 
 
-class FairAllocator:
+class FairAllocator(Admin):
     """A pool of named resources shared through Redis, granted in strict
     first-come-first-served order.
 
-    ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (or a
-    fakeredis ``FakeRedis``), with ``decode_responses`` on or off, over RESP2
-    or RESP3. Two allocators with the same server, ``prefix`` and ``name``
-    are the same pool. Construction does no I/O.
+    `client` is a `redis.Redis` or a `redis.cluster.RedisCluster` (or
+    fakeredis's `FakeRedis`), with `decode_responses` on or off, over RESP2
+    or RESP3. Anything else is a `TypeError` at construction that says what
+    to pass instead: a client of the other kind (blocking or asyncio), a
+    client's class (`redis.Redis` itself), a pipeline, a `Sentinel` manager.
+    A Sentinel-managed client (`Sentinel(...).master_for(...)`) is a client
+    like any other: after a failover it reconnects to the new master, and its
+    calls without a deadline of their own keep retrying for up to 45 s, where
+    a plain client's give up after 2 s (`release` and `renew`: 5 s), long
+    enough to ride out a failover with Sentinel's default settings
+    ([operations](operations.md#sentinel)).
 
-    ``lease_ttl`` is the default life of a lease without renewal, in seconds;
-    ``bind_ttl`` how long a soft binding lives after its last use.
+    `name` names the pool and `prefix` is the first part of its keys' names
+    (each 1 to 200 printable characters): two allocators with the same
+    server, `prefix` and `name` are the same pool, and pools with different
+    names or prefixes never interact. Construction does no I/O. One object
+    may be shared by many threads (asyncio: by the tasks of its client's
+    event loop); each call is independent, and two callers never share a
+    lease.
 
-    ``min_replicas`` (default 0: no wait): ``acquire`` and ``renew`` return
-    only once that many replicas confirmed the write (Redis ``WAIT``, sent
-    in the same round trip as the script, bounded by ``replica_timeout``
-    seconds); else :class:`~allocator.NotReplicated` is raised, and an
-    acquire releases its grant first.
+    `lease_ttl` is the default life of a lease without renewal, in seconds;
+    `bind_ttl` how long a soft binding lives after its last use.
 
-    ``reclaim_on_disconnect`` (default False): a lease this allocator
-    acquires ends once the server has seen its holder's process gone (its
-    presence connection dropped, docs/concepts.md#presence-as-a-session)
-    for the grace, about a second, instead of at its deadline, and the
-    resource goes to the next waiter then. In return, this process gives up such a lease by
-    itself once its own presence connection has been down longer than the
-    grace (a partition, a restart the connection did not survive):
-    ``renew`` and the exit of ``lease()`` raise
-    :class:`~allocator.LeaseLost`, and ``release`` returns False. Where the
-    client keeps no presence (fakeredis, the asyncio cluster client, an ACL
-    without the channel) it has no effect (docs/operations.md,
-    "Presence").
+    `min_replicas` (default 0: no wait): [`acquire`][], [`acquire_many`][]
+    and [`renew`][] return only once that many replicas confirmed the write
+    (Redis `WAIT`, sent in the same round trip as the script), within
+    `replica_timeout` seconds. If too few confirm in time, an acquire
+    releases its grant and raises [`NotReplicated`][]; a renew raises it, the
+    lease staying as the primary has it (renewed there). `WAIT` holds the
+    reply for up to `replica_timeout`: keep the client's `socket_timeout`, if
+    any, above it. fakeredis has no `WAIT`: keep 0 with it
+    ([operations](operations.md#replicas-min_replicas)).
 
-    A Sentinel-managed client (``Sentinel(...).master_for(...)``) is a client
-    like any other, except that its calls without a deadline of their own
-    (``release``, ``renew``, ``status``, ...) keep retrying for up to 45 s
-    instead of 2 s: long enough to ride out a failover with Sentinel's
-    default settings (docs/operations.md, "Sentinel").
+    `reclaim_on_disconnect` (default False): a lease this allocator acquires
+    ends once the server has found its holder's process gone (its
+    [presence](operations.md#presence) connection dropped) for the grace,
+    about 1.5 s after the holder's death, instead of at its deadline, and the
+    resource goes to the next waiter then. In return this process gives such
+    a lease up by itself once its own presence has stayed unconfirmed for
+    0.75 s (a partition, a server that stops answering), a part of the grace,
+    so always before the server may end it: [`lost`][] turns true,
+    [`renew`][] and the exit of [`lease`][] raise [`LeaseLost`][], and
+    [`release`][] returns False. Where the client keeps no presence
+    (fakeredis, a user whose ACL lacks the channel) it has no effect. The
+    trade-off is in [concepts](concepts.md#dead-holders-reclaim_on_disconnect).
+
+    While callers wait in `acquire`, the client has one reader in this
+    process (per Redis client object, shared by every allocator and pool that
+    uses it; per event loop for asyncio; on a cluster, per hash slot): the
+    first waiting caller carries out its rounds itself, on one connection
+    blocked on the client's signal list, and hands each grant or hint to the
+    waiter it names; the others hold no connection. A heartbeat every 2 s
+    (every second for a client without a presence) keeps the client's
+    waiters in the queue. Daemon threads (asyncio: tasks) do what no caller
+    is there to do: `allocator-reader` sends what no waiter is left to
+    acknowledge, `allocator-presence` watches the presence connection while
+    the client waits or holds a lease, `allocator-ends` delivers the ends
+    the server did not confirm, and a `keepalive` renews a lease
+    ([concepts](concepts.md#the-reader); [`close`][] ends them).
+
+    [`extend`][], [`remove`][], [`quarantine`][], [`set_events`][],
+    [`status`][] and [`gc`][] check once per object whether the server's
+    `maxmemory-policy` is `allkeys-*`, which can evict the pool's keys, and
+    warn (`RuntimeWarning`) if so
+    ([operations](operations.md#maxmemory-policy)).
 
     Every call keeps its deadline against a server that stops answering: a
     read from the socket waits no longer than what is left of the call's
-    ``timeout`` or budget (on a ``RedisCluster`` client, only the client's
-    own ``socket_timeout`` bounds a read).
+    `timeout` or budget (on a `redis.cluster.RedisCluster` client, only the
+    client's own `socket_timeout` bounds a read). Transient errors are
+    retried within it; see [Errors](api.md#errors).
     """
 
     def __init__(
@@ -101,12 +135,7 @@ class FairAllocator:
             reclaim_on_disconnect=reclaim_on_disconnect,
             sentinel=is_sentinel(client),
         )
-        if client_kind(client) != "sync":
-            raise TypeError(
-                f"client must be a blocking Redis client for {type(self).__name__}, "
-                f"got the asyncio {type(client).__module__}.{type(client).__qualname__}: "
-                "use AsyncFairAllocator with it"
-            )
+        check_client(self, client)
         bound_client_retries(client)
         self._client = client
         self._scripts = scripts()
@@ -116,25 +145,35 @@ class FairAllocator:
 
     @property
     def name(self) -> str:
+        """The pool's name."""
         return self._pool.name
 
     def close(self) -> None:
-        """End the background work of this allocator's client in this
-        process, for a process that wants it gone before it exits: the
-        reader's connection goes back to the client's pool, once the replies
-        still due on it (the last acknowledgements) are read; a reader
-        thread finishing rounds that no waiter was left to carry ends
-        first, within about a heartbeat (1 s). A reader that other threads still wait on is
-        left to them. Leases stay as they are (release them first; a
-        ``lease()`` block's keepalive ends with its block), the client
-        stays open (it is yours: ``client.close()``), and the allocator
-        stays usable: a later wait starts a reader again. Also the exit of
-        ``with FairAllocator(...) as pool:``.
+        """End the background work of this allocator's client in this process, for
+        a process that wants it gone before it exits.
 
-        Cancels and releases of the client that could not be confirmed and
-        are still being sent in the background (docs/api.md#release) get
-        up to 2 s more to reach the server; what is still undelivered then
-        is dropped (logged at warning): those leases end at their deadlines."""
+        Unless other callers still wait on it, the client's reader ends: its own
+        thread (asyncio: task), if it is finishing rounds that no waiter was left
+        to carry, ends first, within about a heartbeat (2 s), and the reader's
+        connection goes back to the client's pool once the replies still due on
+        it (the last acknowledgements) are read. Its presence connection closes
+        too, once nothing is held or waited on. Cancels and releases of the
+        client that are still being delivered in the background
+        ([concepts](concepts.md#ends-still-to-deliver)) get up to 2 s more to
+        reach the server; what is still undelivered then is dropped (logged at
+        warning): those leases end at their deadlines.
+
+        Leases stay as they are (release them first; a `lease()` block's
+        keepalive ends with its block), and the client stays open (it is yours
+        to close). The allocator stays usable: a later wait starts again what it
+        needs. The allocator is also a context manager that calls `close()` at
+        its exit:
+
+        ```python
+        with FairAllocator(client, "proxies") as pool:
+            ...
+        ```
+        """
         for reader in readers_of(self._client):
             reader.finish()
         for sender in senders_of(self._client):
@@ -148,20 +187,15 @@ class FairAllocator:
 
     @property
     def client(self) -> Any:
+        """The Redis client given."""
         return self._client
 
-    # -- the driver: the only place that does I/O --------------------------
-
-    def _drive(self, steps: Flow[T]) -> T:
-        return drive(steps, self._step)
-
-    def _step(self, step: Step) -> Any:
-        return run_step(self._client, self._scripts, step, self._reader)
-
-    def _reader(self) -> Reader:
-        return reader_for(self._client, self._pool)
-
-    def _waiting(self, reader: Reader, make: Callable[[str, float], A], timeout: float | None) -> A:
+    def _waiting(
+        self,
+        reader: Reader,
+        make: Callable[[str, float], A],
+        timeout: float | None,
+    ) -> A:
         """An acquire's flow, made by ``make`` from the client's id (its
         arguments are checked there, before any I/O); on the client's first
         wait in the pool its presence is set up, and the flow made again
@@ -217,22 +251,49 @@ class FairAllocator:
     ) -> Lease | None:
         """Wait in line for a resource and lease it.
 
-        Blocks until every requester that queued earlier has been served and
-        a resource is free. ``timeout`` (seconds, None: no limit) bounds the
-        wait and raises :class:`~allocator.AcquireTimeout`; the requester
-        leaves the queue, and a grant that raced the timeout passes on.
-        ``ttl``: the lease's life without renewal (default: ``lease_ttl``).
-        ``bind``: soft binding, a name that keeps getting the same resource
-        while it is free. ``blocking=False`` returns a lease only if one can
-        be granted at once without passing anyone waiting, else None.
+        Blocks until every requester that queued earlier has been served and a
+        resource is free; on a pool with no resources, it waits like any other
+        requester until [`extend`][] serves it.
 
-        Uncontended, this is one round trip to Redis; a waiter is woken by a
-        push to its signal list, never by polling the pool. With Redis
-        unreachable or hung, the call retries until ``timeout``, then leaves
-        the queue (a try of at most 0.15 s of its own) and raises
-        ``AcquireTimeout`` saying the whole time waited, the last transport
-        error as its ``__cause__``; ``blocking=False`` lets that error
-        through after 2 s.
+        - `timeout`: seconds to wait; None (or `math.inf`): no limit. When it
+          runs out, [`AcquireTimeout`][] is raised: the requester has left the
+          queue, and a grant that raced the timeout has been passed on.
+          `timeout=0` queues, takes a resource if one is granted at once, and
+          otherwise leaves and raises.
+        - `ttl`: the lease's life without renewal, in seconds (default: the
+          pool's `lease_ttl`).
+        - `bind`: a soft-binding name: the resource last used under that name if
+          it is free, else any free resource
+          ([concepts](concepts.md#soft-binding)).
+        - `blocking=False`: a lease only if one can be granted at once without
+          passing anyone already waiting, else None. It never queues.
+        - `owner`: who holds the lease, for people reading [`leases`][] and
+          `allocator status` (1 to 200 printable characters; default
+          `"<hostname>:<pid>"`). It gives no power over the lease.
+
+        Uncontended, this is one round trip to Redis; a waiter is woken by a push
+        to its client's signal list, never by polling the pool. With
+        `min_replicas`, a grant counts only once confirmed: else it is released
+        and [`NotReplicated`][] raised.
+
+        A transient error while queued or waiting (see [Errors](api.md#errors)) is
+        retried until `timeout` (for ever with None), and the retried call keeps
+        its place in the queue. When the time runs out while the server is
+        unreachable or hung, the call leaves the queue (one try of at most
+        0.15 s of its own) and raises `AcquireTimeout` saying the whole time
+        waited, the last transport error as its `__cause__`. `blocking=False`
+        retries within the single-call budget (2 s; 45 s on a Sentinel-managed
+        client), then lets the error through.
+
+        Giving up in any other way also leaves the queue, and passes on a grant
+        that raced in, before the exception goes on: a KeyboardInterrupt, or any
+        other exception raised into the waiting thread (a `signal.alarm` handler
+        that raises, say), even while it leads its client's reads; for asyncio,
+        the cancellation of the waiting task, even where redis-py's asyncio
+        client swallows a cancellation that lands mid-command (redis/redis-py
+        issues 2028 and 2666: the allocator checks `asyncio.Task.cancelling()`).
+        A pool deleted with `delete(force=True)` while the call waits makes it
+        raise `AcquireTimeout` at once.
         """
         reader = self._reader()
         flow = self._waiting(
@@ -257,15 +318,27 @@ class FairAllocator:
         keepalive: bool = False,
         owner: str | None = None,
     ) -> Iterator[Lease]:
-        """Acquire on entry, release on exit::
+        """Acquire on entry, release on exit: a context manager.
 
-            with pool.lease(timeout=10) as proxy:
-                fetch(url, proxy=proxy.resource, fence=proxy.token)
+        ```python
+        with pool.lease(timeout=10) as proxy:
+            fetch(url, proxy=proxy.resource, fence=proxy.token)
+        ```
 
-        If the lease was lost while the block ran (expired, revoked), exit
-        raises :class:`~allocator.LeaseLost`; if the block raised, its
-        exception propagates unchanged. ``keepalive=True`` renews the lease
-        from a daemon thread every ``ttl/3`` while the block runs.
+        `timeout`, `ttl`, `bind` and `owner` mean what they mean for
+        [`acquire`][].
+
+        - If the lease was lost while the block ran (expired, revoked, given up
+          by this process), the exit raises [`LeaseLost`][]. A lease whose
+          deadline passed counts as lost even if nobody took the resource since.
+        - If the block raised, its exception propagates unchanged: the lease is
+          released, and a failure to release is not reported.
+        - `keepalive=True` renews the lease every `ttl/3` seconds while the block
+          runs, from a daemon thread (asyncio: a task). A renewal that finds the
+          lease lost stops the renewing, and the exit raises `LeaseLost`; one
+          that fails on a transport error is tried again at the next interval.
+          The `Lease` the block holds keeps its first `expires_at`: renewals do
+          not update it.
         """
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
@@ -314,19 +387,34 @@ class FairAllocator:
         blocking: bool = True,
         owner: str | None = None,
     ) -> list[Lease] | None:
-        """Wait in line for ``count`` distinct resources and lease them all
-        at once: all or nothing.
+        """Wait in line for `count` distinct resources and lease them all at once:
+        all or nothing.
 
-        The request takes one place in the same queue as ``acquire``. At
-        the head of the queue it is granted when ``count`` resources are
-        free at once, each with its own :class:`~allocator.Lease` and
-        fencing token, in one step; until then those behind it wait too,
-        so a stream of single requests never starves it. Renew and release
-        each lease on its own. ``timeout``, ``ttl`` and ``blocking`` mean
-        what they mean for ``acquire``, and so does ``owner`` (shown for
-        every lease by ``leases()``); a timeout or an interrupt leaves
-        nothing behind. ``count`` larger than the pool raises
-        ``ValueError``.
+        Returns `count` leases, each with its own `id`, `ticket` and fencing
+        token, in the order they were chosen (priority, then free for longest),
+        all with the same `granted_at`. The request takes one place in the same
+        queue as [`acquire`][]. At the head of the queue it is granted when
+        `count` resources are free at once (quarantined, throttled and draining
+        resources do not count; a resource with a capacity above 1 counts once);
+        until then those behind it wait too, even if a resource is free for them,
+        so that a stream of single requests never starves it
+        ([concepts](concepts.md#several-resources-at-once)).
+
+        - `count`: an int from 1 to 1000. A `count` larger than the pool
+          (`status().size`, draining resources included) raises `ValueError`,
+          and nothing is queued. If the pool shrinks below `count` while the
+          request waits, it waits as on an empty pool, until [`extend`][] lets it
+          be served, holding up those behind it meanwhile.
+        - `timeout`, `ttl`, `blocking` and `owner` mean what they mean for
+          `acquire` ([`leases`][] shows the owner of every lease). A timeout, an
+          interrupt or a cancellation leaves the queue and ends any lease that
+          raced in: nothing is left behind.
+        - Each lease is renewed and released on its own ([`renew`][],
+          [`release`][]); a holder that dies loses all of them at their deadline
+          (they have the same ttl).
+        - With `min_replicas`, the call returns only once every lease is
+          confirmed by that many replicas; otherwise every lease is released and
+          [`NotReplicated`][] raised.
         """
         reader = self._reader()
         flow = self._waiting(
@@ -351,15 +439,21 @@ class FairAllocator:
         keepalive: bool = False,
         owner: str | None = None,
     ) -> Iterator[list[Lease]]:
-        """``acquire_many`` on entry, release of every lease on exit::
+        """[`acquire_many`][] on entry, a [`release`][] of every lease on exit: a
+        context manager.
 
-            with pool.lease_many(2, timeout=60) as (a, b):
-                train(gpus=[a.resource, b.resource])
+        ```python
+        with pool.lease_many(2, timeout=60) as (a, b):
+            train(gpus=[a.resource, b.resource])
+        ```
 
-        If any lease was lost while the block ran, exit raises
-        :class:`~allocator.LeaseLost` (after releasing the others); if the
-        block raised, its exception propagates unchanged. ``keepalive=True``
-        renews every lease from daemon threads every ``ttl/3``.
+        `count`, `timeout`, `ttl` and `owner` mean what they mean for
+        `acquire_many`. At the exit every lease is released, whatever happens to
+        another; then, if a lease was lost while the block ran, the exit raises
+        [`LeaseLost`][] for the first one lost, else the first error a release
+        raised, if any. If the block raised, its exception propagates unchanged.
+        `keepalive=True` renews every lease every `ttl/3`, each from a daemon
+        thread (asyncio: a task) of its own.
         """
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
@@ -386,221 +480,107 @@ class FairAllocator:
             raise failure
 
     def renew(self, lease: Lease, ttl: float | None = None) -> Lease:
-        """Push the lease's deadline to now + ``ttl`` (default: the lease's
-        own ttl) on the server clock. Returns the lease with its new
-        ``expires_at``; raises :class:`~allocator.LeaseLost` if it is no
-        longer held (a lease past its deadline is never brought back).
-        With Redis unreachable or hung, retries for 5 s, or half the
-        lease's ttl if less, never under 2 s (45 s on a Sentinel-managed
-        client), then lets the transport error through. Raises
-        ``LeaseLost`` without asking the server once this process gave the
-        lease up (``reclaim_on_disconnect``), or while its release is still
-        being delivered (docs/api.md#renew)."""
+        """Push the lease's deadline to now + `ttl` on the server clock (default:
+        the lease's own ttl).
+
+        Returns the lease with its new `expires_at` (and `ttl`): use the
+        returned value from then on. A lease past its deadline is never brought
+        back, even if nobody reclaimed it yet. What the caller may conclude:
+
+        - a [`Lease`][]: the lease is live until its new `expires_at` (server
+          clock);
+        - [`LeaseLost`][]: the lease has ended, or is ending: expired, revoked,
+          released, or its release is still being delivered in the background
+          (see [`release`][]); raised without asking the server once this process
+          knows it lost the lease ([`lost`][]: the server said it ended, or this
+          process gave it up under `reclaim_on_disconnect`). Stop using the
+          resource;
+        - a transport error (redis-py's `TimeoutError` or `ConnectionError`): the
+          server did not answer in time, so nothing is known. `renew` rides out a
+          pause or a stall of a few seconds: it retries for 5 s, or half the
+          lease's ttl if less, never under 2 s (45 s on a Sentinel-managed
+          client). The lease still ends at its old deadline unless a later renew
+          gets through; a keepalive simply tries again at its next interval.
+
+        With `min_replicas`, a renewal that too few replicas confirmed raises
+        [`NotReplicated`][]: the lease stays as the primary has it (renewed
+        there), but a failover now could lose the renewal.
+        """
         reader = self._reader()
         renewed = self._drive(self._pool.renew(lease, ttl, reader.lost))
         reader.renewed(renewed)
         return renewed
 
     def lost(self, lease: Lease) -> bool:
-        """Whether this process knows that ``lease`` ended, without asking
-        the server (no I/O): true within a few ms of a revoke, a reclaim
-        (past its deadline, or its holder found gone), or a forced remove
-        or delete, whose script tells the holder on its presence connection
-        while it is connected; and once a lease acquired with
-        ``reclaim_on_disconnect`` was given up because this process's
-        presence stayed suspended for a safe part of the grace, always
-        before the server may end it and grant its resource again
-        (docs/concepts.md, "Presence as a session"). Then ``renew`` raises
-        ``LeaseLost`` without asking (a keepalive stops), and so does the
-        exit of the ``lease()`` block. A holder in the middle of long work
-        checks it between steps, and sends its fencing token with every
-        write, which fences anything that slips through (docs/api.md#lost).
-        False proves nothing: the word may not have reached a process that
-        is disconnected or stopped."""
+        """Whether this process knows that `lease` ended, without asking the server
+        (no I/O: not a coroutine, for asyncio either).
+
+        It turns true within a few ms of a [`revoke`][], of the server
+        reclaiming the lease (past its deadline, or its holder found gone under
+        `reclaim_on_disconnect`), or of a `remove(force=True)` of its resource
+        or a `delete(force=True)` of its pool: the script that ends the lease
+        publishes its end on the holder's presence channel, which the holder's
+        presence connection already listens to. It also turns true when this
+        process gives up a `reclaim_on_disconnect` lease because its own
+        presence stayed unconfirmed for 0.75 s, always before the server may end
+        it and grant its resource again. From then on [`renew`][] raises
+        [`LeaseLost`][] without asking the server (a keepalive stops), and so
+        does the exit of the [`lease`][] block.
+
+        A holder in the middle of long work checks it between steps, and sends
+        its fencing token with every write, which the resource refuses once a
+        newer token has been used:
+
+        ```python
+        with pool.lease(timeout=10, keepalive=True) as lease:
+            for chunk in work:
+                if pool.lost(lease):
+                    break                       # the exit raises LeaseLost
+                store.write(chunk, fence=lease.token)
+        ```
+
+        False proves nothing: the word of an end may not reach a process whose
+        connection is down, or that is stopped (it is read when it resumes); the
+        token is what keeps a late write out. Only for a client that keeps a
+        presence ([operations](operations.md#presence)).
+        """
         return self._reader().lost(lease)
 
     def release(self, lease: Lease, *, quarantine: float | None = None) -> bool:
-        """End the lease and hand the resource to the next waiter.
+        """End the lease and hand the resource to the next waiter, in one round
+        trip.
 
-        True if the lease was live and is now released; False if it had
-        already ended (expired, revoked, or released before). ``quarantine``
-        keeps the resource out of rotation for that many seconds; waiters
-        are woken and served when it ends. With Redis unreachable or hung,
-        retries for 5 s (45 s on a Sentinel-managed client), then lets the
-        transport error through: the outcome is not known yet, and the
-        release is sent again in the background as soon as the server
-        answers (docs/api.md#release). Under ``reclaim_on_disconnect``, a
-        lease this process gave up is released all the same, and False is
-        returned.
+        `quarantine` (seconds) keeps the resource out of rotation for that long;
+        waiters are woken and served when it ends. It has no effect on a
+        draining resource. Releasing a lease twice is harmless. What the caller
+        may conclude:
+
+        - True: the lease was live and is now released;
+        - False: it had already ended (past its deadline, reclaimed, revoked, or
+          released before: by an earlier call, by a retry whose first try got
+          through, or by a release that was being delivered in the background),
+          or this process knew it lost the lease ([`lost`][]), which is then
+          released all the same;
+        - a transport error (redis-py's `TimeoutError` or `ConnectionError`): the
+          server did not answer for 5 s (45 s on a Sentinel-managed client), so
+          the outcome is not known: the release may have been applied. It is not
+          forgotten: the client keeps it and sends it again in the background as
+          soon as the server answers, so that the resource comes back then, not
+          at the lease's deadline
+          ([concepts](concepts.md#ends-still-to-deliver)). Treat the lease as
+          gone: a [`renew`][] of it raises [`LeaseLost`][], and calling `release`
+          again is harmless. It is given up only at the lease's deadline, or when
+          [`close`][] runs out of time.
+
+        A pause of a few seconds (`CLIENT PAUSE`, a stall, a slow failover) is
+        ridden out: the call returns when the server answers. Only the holder of
+        a `Lease` can renew or release it: its `id` is the proof. A `Lease` can
+        be pickled, so that another process of the same pool can release it.
         """
         reader = self._reader()
         released = self._drive(self._pool.release(lease, quarantine, reader.lost))
         reader.unhold(lease)
         return released
-
-    # -- administration -------------------------------------------------------
-
-    def extend(
-        self,
-        resources: Iterable[str],
-        *,
-        capacity: int = 1,
-        priority: float = 0,
-        rate: tuple[int, float] | None = None,
-    ) -> int:
-        """Add resources, or update existing ones; returns how many are new.
-
-        Existing resources keep their leases and take the new ``capacity``
-        (leases at once), ``priority`` (higher is granted first) and ``rate``
-        (``(count, seconds)``: at most ``count`` grants in any window of
-        ``seconds``; None: no limit). Waiters are served at once if the new
-        resources let them.
-        """
-        return self._drive(self._pool.extend(resources, capacity, priority, rate))
-
-    def remove(self, resources: Iterable[str], *, force: bool = False) -> int:
-        """Take resources out of the pool; returns how many were removed or
-        marked (unknown names are ignored and not counted).
-
-        A free resource leaves at once; a leased one stops being granted and
-        leaves when its leases end (draining). ``force=True`` revokes its
-        leases now: their holders get :class:`~allocator.LeaseLost`.
-
-        Every name is checked before anything is sent. A large remove is
-        applied in steps of 100 names, each one atomic script run, so that
-        none blocks the server for long: an error midway (raised) leaves the
-        earlier steps applied, and the same call may simply be made again.
-        """
-        return self._drive(self._pool.remove(resources, force))
-
-    def bind(self, name: str, resource: str) -> None:
-        """Bind ``name`` to ``resource`` (soft binding, see ``acquire``);
-        raises :class:`~allocator.UnknownResource` if it is not in the pool."""
-        return self._drive(self._pool.bind(name, resource))
-
-    def unbind(self, name: str) -> bool:
-        """Drop the binding of ``name``; True if there was one."""
-        return self._drive(self._pool.unbind(name))
-
-    def status(self) -> PoolStatus:
-        """A consistent snapshot of the pool, one row per resource."""
-        return self._drive(self._pool.status())
-
-    def gc(self) -> GCReport:
-        """Reclaim leases past their deadline, drop queue entries of waiters
-        that are gone, expire stale bindings, and serve waiters that can now
-        be served. Safe to run from any number of processes at once."""
-        return self._drive(self._pool.gc())
-
-    # -- seeing and steering ---------------------------------------------------
-
-    def leases(self) -> tuple[LeaseInfo, ...]:
-        """Every live lease: resource, token, owner, granted_at, expires_at
-        (never the lease id). Writes nothing: a read-only user may call it."""
-        return self._drive(self._pool.leases())
-
-    def clients(self) -> tuple[ClientInfo, ...]:
-        """Every client process of the pool (one per allocator object and
-        process) that waits, holds a lease, or waited lately: its id, the
-        host, pid and library version it gave when it joined, whether it is
-        connected, how long it has been silent, its waiters and leases, and
-        whether it is *stalled* (connected and waiting, but silent past its
-        heartbeat: stopped, paused or blocked). Writes nothing: a read-only
-        user may call it (docs/operations.md#clients)."""
-        return self._drive(self._pool.clients())
-
-    def stats(self) -> PoolStats:
-        """The pool's counters since it was created (grants, timeouts,
-        reclaimed, revoked, dropped waiters, the wait histogram), as the
-        scripts keep them in Redis. Writes nothing."""
-        return self._drive(self._pool.stats())
-
-    def quarantine(self, resource: str, seconds: float) -> None:
-        """Take ``resource`` out of rotation for ``seconds`` without holding a
-        lease. Live leases on it stay valid; it gets no new grant until the
-        time ends. Raises :class:`~allocator.UnknownResource` if it is not
-        in the pool; a draining resource stays draining."""
-        return self._drive(self._pool.quarantine(resource, seconds))
-
-    def unquarantine(self, resource: str) -> bool:
-        """End the quarantine of ``resource`` now (an operator's "it works
-        again"): it is back in rotation at once and waiters are served.
-        True if a quarantine ended, False if it was not quarantined (a rate
-        throttle is the resource's own budget and stays; a draining resource
-        stays draining). Raises :class:`~allocator.UnknownResource` if it is
-        not in the pool."""
-        return self._drive(self._pool.unquarantine(resource))
-
-    def set_events(self, maxlen: int | None) -> None:
-        """Switch the pool's event log on, keeping about the ``maxlen``
-        latest events (1 to 10,000,000; older ones are trimmed), or off
-        (None). The setting is kept with the pool, for every process that
-        uses it: each grant, release, expiry, reclaim, revocation,
-        quarantine and dropped waiter then adds an entry to the Redis
-        Stream :attr:`events_key` (its resource, token, client id and time;
-        never the lease id). Off by default; switched off, the entries
-        already written stay until the pool is deleted. See the event log in
-        docs/operations.md."""
-        return self._drive(self._pool.set_events(maxlen))
-
-    @property
-    def events_key(self) -> str:
-        """The name of the pool's event log, a Redis Stream (``XRANGE``,
-        ``XREAD``; ``allocator events`` reads it): entries with fields
-        ``kind``, ``resource``, ``token``, ``client`` (and ``owner`` for a
-        grant or a drop), whose id is the server time in ms."""
-        return self._pool.events_key
-
-    def revoke(
-        self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
-    ) -> bool:
-        """End one lease now (an operator's "this holder must let go"): the
-        resource keeps its capacity, priority and rate, and goes to the next
-        waiter at once.
-
-        The lease is named as ``leases()`` and ``status`` show it: by its
-        ``resource`` and, where the resource holds several leases, its
-        fencing ``token`` (a token names one grant). Without a token, a
-        resource that holds several raises :class:`~allocator.SeveralLeases`
-        (a ``ValueError``) listing their tokens, and nothing is revoked. The
-        holder's own code may name it by ``lease_id=`` (``Lease.id``).
-
-        The holder is told at once through its presence connection:
-        :meth:`lost` turns true there (docs/api.md#lost); it also learns it
-        at its next renew (:class:`~allocator.LeaseLost`) or release
-        (False), and the exit of its ``lease()`` block raises
-        ``LeaseLost``. True if a live lease ended; False if none matched
-        (it ended already, or the token is not a live lease's)."""
-        return self._drive(self._pool.revoke(resource, token, lease_id))
-
-    def delete(self, *, force: bool = False) -> bool:
-        """Remove the pool and every key it has; False if there was none.
-
-        While leases are live or requesters wait, raises
-        :class:`~allocator.AllocatorError` and changes nothing, unless
-        ``force=True``: then holders get :class:`~allocator.LeaseLost` and
-        waiters :class:`~allocator.AcquireTimeout`.
-        """
-        return self._drive(self._pool.delete(force))
-
-    @staticmethod
-    def pools(client: Any, *, prefix: str = "alloc") -> list[str]:
-        """The names of the pools under ``prefix`` on this server (on a Redis
-        Cluster: on every master), sorted. Writes nothing (SCAN)."""
-        pattern = pools_pattern(prefix)
-        if is_cluster(client):
-            keys = client.scan_iter(match=pattern, count=1000, target_nodes=client.PRIMARIES)
-            return pool_names(keys, prefix)
-        # Each SCAN is a single call: its reply comes within the budget of one.
-        found: list[Any] = []
-        cursor = 0
-        with no_client_retries():
-            while True:
-                scan = ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
-                cursor, batch = execute(client, scan, time.monotonic() + RETRY_BUDGET)
-                found.extend(batch)
-                if not cursor:
-                    return pool_names(found, prefix)
 
 
 class _Keeper:
@@ -609,15 +589,11 @@ class _Keeper:
     def __init__(self, owner: FairAllocator, lease: Lease) -> None:
         self._owner = owner
         self._lease = lease
-        self._stopped = threading.Event()
         self._lost: LeaseLost | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"allocator-keepalive-{lease.resource}", daemon=True
-        )
-        self._thread.start()
+        self._worker = Worker(self._run, f"allocator-keepalive-{lease.resource}")
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self._lease.ttl / 3):
+    def _run(self, pause: Pause) -> None:
+        while pause(self._lease.ttl / 3):
             try:
                 self._lease = self._owner.renew(self._lease)
             except LeaseLost as lost:
@@ -628,6 +604,5 @@ class _Keeper:
 
     def stop(self) -> LeaseLost | None:
         """Stop renewing; returns the LeaseLost a renewal met, if any."""
-        self._stopped.set()
-        self._thread.join()
+        self._worker.stop()
         return self._lost

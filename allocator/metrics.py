@@ -72,38 +72,42 @@ class _NoPool(Exception):
 
 
 class AllocatorCollector:
-    """A ``prometheus_client`` collector of pools.
+    """A `prometheus_client` collector of pools: register it in your
+    registry. The metrics are listed in [operations](operations.md#metrics).
 
-    Either ``pools`` (``FairAllocator`` objects, each scraped), or ``client``
-    (a blocking Redis client) and ``prefix``: every pool under the prefix,
+    Either `pools` (`FairAllocator` objects, each scraped), or `client` (a
+    blocking Redis client) and `prefix`: every pool under the prefix,
     listed again at each scrape as pools come and go.
 
-    ``allocator_up{pool}`` is 1 for a pool read in this scrape, 0 for one that
+    `allocator_up{pool}` is 1 for a pool read in this scrape, 0 for one that
     could not be (the server down or refusing): a collector given a client
-    then reports the pools of its last listing, and ``allocator_up`` without a
-    ``pool`` label says whether the listing itself worked. A pool or listing
-    that cannot be read is logged as one warning on logger ``allocator`` when
+    then reports the pools of its last listing, and `allocator_up` without a
+    `pool` label says whether the listing itself worked. A pool or listing
+    that cannot be read is logged as one warning on logger `allocator` when
     it starts failing, and one info line when it can be read again, not at
     every scrape.
 
-    ``per_resource`` (default True) adds a pool's resources one by one
-    (``allocator_resource_state``, ``allocator_resource_leases``), for pools of
-    at most ``per_resource_limit`` resources (None: any size); a larger pool
+    `per_resource` (default True) adds a pool's resources one by one
+    (`allocator_resource_state`, `allocator_resource_leases`), for pools of
+    at most `per_resource_limit` resources (None: any size); a larger pool
     gets only its pool-wide series, and a warning says so once.
 
-    A pool given by name that does not exist (yet) is ``allocator_up 0``
+    A pool given by name that does not exist (yet) is `allocator_up 0`
     until it is made, logged once like a pool that cannot be read.
 
-    ``interval`` (seconds; default None) reads the pools in the background:
-    a daemon thread reads them every ``interval`` seconds (each read bounded
+    `interval` (seconds; default None) reads the pools in the background:
+    a daemon thread reads them every `interval` seconds (each read bounded
     by the library's own deadlines), and a scrape answers at once from the
     last reading, whatever the server does, never waiting on Redis nor on
-    another scrape. ``allocator_scrape_age_seconds{pool}`` is then the age
-    of a pool's last good reading, and a pool is ``allocator_up 0`` when its
-    last reading failed or is older than ``stale`` seconds (default three
-    intervals and 2 s: a server that hangs). :meth:`close` stops the thread.
-    Without ``interval``, each scrape reads the pools itself (and waits on
+    another scrape. `allocator_scrape_age_seconds{pool}` is then the age
+    of a pool's last good reading, and a pool is `allocator_up 0` when its
+    last reading failed or is older than `stale` seconds (default three
+    intervals and 2 s: a server that hangs). `close()` stops the thread.
+    Without `interval`, each scrape reads the pools itself (and waits on
     them), and the age is 0.
+
+    `prometheus_client` is imported only when a scrape happens: the library
+    itself does not depend on it (the `cli` extra brings it).
     """
 
     def __init__(
@@ -189,6 +193,8 @@ class AllocatorCollector:
             self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))
 
     def pools(self) -> list[FairAllocator]:
+        """The pools a scrape reads: those given, or every pool under the
+        prefix on the client, listed now."""
         if self._client is None:
             return self._pools
         names = FairAllocator.pools(self._client, prefix=self._prefix)

@@ -2,7 +2,7 @@
 -- STATS by the scripts that change what they count: grants (one wait
 -- histogram bucket field `w<i>` per grant, `ws` the sum of waits in ms),
 -- `timeouts` (cancel.lua), `reclaimed` (P:reclaim, gc.lua), `revoked`
--- (remove.lua), `dropped` (P:drop), `qr` (quarantines started by a release
+-- (remove.lua, revoke.lua), `dropped` (P:drop), `qr` (quarantines started by a release
 -- with `quarantine=`: release.lua), `qo` (by an operator's `quarantine`:
 -- quarantine.lua).
 --

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from harness import RECHECK, Call, Defer, Pending, Run, Settle, Sleep, Wait
+
 from allocator import (
     AsyncFairAllocator,
     FairAllocator,
@@ -18,9 +20,7 @@ from allocator import (
     _sync_io,
     _sync_reader,
 )
-from allocator._core.messages import RECHECK
 from allocator._core.presence import Holds
-from allocator._core.steps import Call, Defer, Pending, Settle, Sleep, Wait
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -101,10 +101,12 @@ def end_pending_ends() -> None:
             asender.ends.drop_all()
 
 
-class Stepper:
-    """Drives an acquire flow of a sync FairAllocator one step at a time, so a
-    test can put other events between any two steps. It is registered with
-    the allocator's reader like a real acquire."""
+class Stepper(Run):
+    """Drives an acquire flow of a sync FairAllocator one step at a time,
+    each step carried out for real (:meth:`run_step`), so a test can put
+    other events between any two steps (tests/harness.py's :class:`Run`,
+    on a real server). It is registered with the allocator's reader like a
+    real acquire."""
 
     def __init__(self, pool: FairAllocator, **kwargs: Any) -> None:
         self.pool = pool
@@ -118,23 +120,11 @@ class Stepper:
         )
         self.reader.register(pool._pool, self.flow.lid)
         _STEPPERS.append(self)
-        self.steps: list[Any] = []
-        self.step: Any = self.flow.steps.send(None)
-        self.done = False
-        self.value: Any = None
+        super().__init__(self.flow.steps, lid=self.flow.lid)
 
-    def _advance(self, send: Any = None, throw: BaseException | None = None) -> Any:
-        try:
-            self.step = self.flow.steps.throw(throw) if throw else self.flow.steps.send(send)
-        except StopIteration as stop:
-            self.done, self.value, self.step = True, stop.value, None
-            self.reader.unregister(self.flow.lid)
-        except BaseException:
-            # The flow raised: it is over, as the shell's acquire would be.
-            self.done, self.step = True, None
-            self.reader.unregister(self.flow.lid)
-            raise
-        return self.step
+    def ended(self) -> None:
+        """The flow is over, as the shell's acquire would be: it leaves the reader."""
+        self.reader.unregister(self.flow.lid)
 
     def close(self) -> None:
         """Leave the reader, as the shell does when an acquire returns: a
@@ -146,20 +136,14 @@ class Stepper:
     def run_step(self) -> Any:
         """Carry out the current step for real and move to the next."""
         step = self.step
-        self.steps.append(step)
         if isinstance(step, (Call, Wait, Defer, Settle, Pending)):
-            return self._advance(self.pool._step(step))
+            return self.reply(self.pool._step(step))
         assert isinstance(step, Sleep)
-        return self._advance(None)
+        return self.reply(None)
 
     def nudge(self) -> None:
         """Have the reader ask this waiter to look again (as after a data loss)."""
         self.reader.core.inbox(self.flow.lid).put(RECHECK)
-
-    def throw(self, exc: BaseException) -> Any:
-        """Deliver an exception at the current step (as a timeout or a
-        KeyboardInterrupt would), and return the step the flow asks for."""
-        return self._advance(throw=exc)
 
 
 # -- an event loop in a thread, to drive async allocators from sync tests ---

@@ -1,9 +1,9 @@
 """A large ``remove`` is applied in steps, as ``status`` reads in pages
-(docs/api.md#remove): no script run handles more resources than a status
-page holds, so that none blocks the server for long however many are
-removed at once. Each step is atomic; the count and the pool's state are
-those of one big call. Fails where one run takes more than a page of
-resources (500 a run, before: 10 ms of server time on Redis 7.0)."""
+(docs/api.md#allocator.FairAllocator.remove): no script run handles more
+resources than a status page holds, so that none blocks the server for
+long however many are removed at once. Each step is atomic; the count
+and the pool's state are those of one big call. Fails where one run takes
+more than a page of resources (500 a run, before: 10 ms of server time on Redis 7.0)."""
 
 from __future__ import annotations
 

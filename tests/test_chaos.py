@@ -66,7 +66,7 @@ STOP = 3.0
 HOLD = 0.4  # longest hold between two steps of a lease
 KILL_PHASE = 12.0
 #: A grant pushed to a waiter is taken back if not picked up within this
-#: (lua/prelude.lua PICKUP_MS).
+#: (lua/prelude_defaults.lua PICKUP_MS).
 PICKUP = 2.0
 
 

@@ -34,7 +34,7 @@ from allocator._core.pool import Pool
 from allocator._core.presence import HEARTBEAT_PRESENT
 from allocator._core.reader import Reader
 from allocator._core.replies import _tagged
-from allocator._scripts import OPERATIONS, load_scripts
+from allocator._scripts import OPERATIONS, PRELUDE, load_scripts
 from allocator._transport import heartbeat_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -376,7 +376,7 @@ def test_the_wheel_ships_the_scripts_and_works_from_them(tmp_path: Path) -> None
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert "allocator/py.typed" in names
-        for op in (*OPERATIONS, "prelude"):
+        for op in (*OPERATIONS, *PRELUDE):
             assert f"allocator/lua/{op}.lua" in names
         zf.extractall(tmp_path / "site")
     # Imported from the unpacked wheel, the scripts are found inside the package.

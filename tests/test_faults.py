@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.real_redis, pytest.mark.faults]
 WORKERS = 5
 TTL = 1.5
 HOLD = 0.3
-PICKUP = 2.0  # lua/prelude.lua PICKUP_MS
+PICKUP = 2.0  # lua/prelude_defaults.lua PICKUP_MS
 ROUNDS = 2
 
 

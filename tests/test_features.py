@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import bisect
-import multiprocessing
 
 import redis
-from _procs import rate_client, server_now
+from _workers import CTX, rate_client, server_now
 
 from allocator import FairAllocator
-
-CTX = multiprocessing.get_context("spawn")
 
 
 def test_rate_budget_holds_across_processes_and_waiters_are_woken_by_hints(

@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.real_redis]
 #: the eviction-policy check of an admin call (0.15 s each), a loaded
 #: machine.
 SLACK = 0.6
-#: prelude.lua PICKUP_MS: a grant nobody picked up is taken back after it.
+#: lua/prelude_defaults.lua PICKUP_MS: a grant nobody picked up is taken back after it.
 PICKUP = 2.0
 RESOURCES = ["a", "b", "c"]
 

@@ -11,6 +11,7 @@ reader's thread, which never leads while anyone waits.
 Each test can fail: with a reader thread, the first sees it; a lead that is
 not handed on strands the followers (their grants are never read); an
 acknowledgement left unsent leaves the grant in the pool's pick-up set.
+(The lead's decisions alone, without a server: tests/test_pure_flows.py.)
 """
 
 from __future__ import annotations
@@ -175,63 +176,3 @@ def test_asyncio_waiters_lead_in_turn(redis_url: str, pool_name: str) -> None:
         return order
 
     assert asyncio.run(run()) == [-1, 2, 3]
-
-
-# -- the decisions, pure (allocator/_core/lead.py) ------------------------------
-
-
-def test_the_lead_decides_who_reads() -> None:
-    from allocator._core import reader as core
-    from allocator._core.lead import LEAD, THREAD, Lead, take_item
-    from allocator._core.liveness import HEARTBEAT
-    from allocator._core.pool import Pool
-
-    hub = core.Reader(HEARTBEAT)
-    pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
-    lead = Lead(hub)
-    inboxes = {lid: queue_of() for lid in ("a", "b", "c")}
-    for lid, inbox in inboxes.items():
-        hub.register(pool, lid, inbox)
-    clock = iter(range(1000)).__next__
-
-    assert lead.take("a", inboxes["a"], clock) is True and lead.reading
-    assert lead.take("b", inboxes["b"], clock) is False
-    assert lead.take("c", inboxes["c"], clock) is False
-    assert lead.kick() is None  # "a" leads
-    # The leader leaves: the follower that waited longest leads.
-    assert lead.leave("a") is inboxes["b"] and lead.leader == "b"
-    inboxes["b"].put(LEAD)
-    assert take_item(inboxes["b"]) is LEAD  # (a stale lead is no item)
-    assert lead.take("b", inboxes["b"], clock) is True
-    # A follower that leaves does not touch the lead.
-    assert lead.leave("c") is None and lead.leader == "b"
-    assert lead.leave("b") is None  # nobody follows; "a", "b", "c" still registered
-    for lid in inboxes:
-        hub.unregister(lid)
-    assert lead.kick() is THREAD  # nobody waits, the rounds are not over
-    assert lead.thread_takes() is True and lead.leader is THREAD
-    assert lead.leave(THREAD) is THREAD  # rounds still not ended: the thread again
-    hub.register(pool, "d", queue_of())
-    assert lead.thread_takes() is False  # never while anyone waits
-
-
-def test_a_pause_outlasting_its_leader_is_finished_by_the_next() -> None:
-    from allocator._core import reader as core
-    from allocator._core.lead import Lead, block_for
-    from allocator._core.liveness import HEARTBEAT
-    from allocator._core.steps import Exchange
-
-    lead = Lead(core.Reader(HEARTBEAT))
-    assert lead.pause(2.0, 100.5, 100.0) == (0.5, False)  # its time ends first
-    assert lead.pause(2.0, None, 100.5) == (1.5, True)  # the next sleeps the rest
-    assert lead.pause(1.0, 200.0, 100.0) == (1.0, True)
-    assert block_for(Exchange([], ["k"], 1.0), 100.2, 100.0) == pytest.approx(0.2)
-    assert block_for(Exchange([], ["k"], 1.0), 100.0, 100.0) == 0.01
-    assert block_for(Exchange([], [], 1.0), 100.0, 100.0) == 1.0
-    assert block_for(Exchange([], ["k"], 1.0), None, 100.0) == 1.0
-
-
-def queue_of() -> Any:
-    import queue
-
-    return queue.SimpleQueue()

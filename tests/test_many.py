@@ -3,7 +3,7 @@ acquire_many and lease_many.
 
 The scenarios of the first part run in every flavour (conftest.FLAVOURS);
 those of the second part use several OS processes against the real server
-(workers in ``_many_workers.py``).
+(workers in ``_workers.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 import pytest
+from _workers import server_now
 from helpers import Background, ticket_key, wait_until
 
 from allocator import AcquireTimeout, Lease, LeaseLost
@@ -306,14 +307,9 @@ def test_lease_many_keepalive_renews_all(pool: Any, raw: Any) -> None:
     with pool.lease_many(2, timeout=5, ttl=0.3, keepalive=True) as leases:
         deadline = max(lease.expires_at for lease in leases)
         # Past every lease's first deadline on the server clock: kept alive.
-        wait_until(lambda: _server_now(raw) > deadline + 0.3, what="past the first deadline")
+        wait_until(lambda: server_now(raw) > deadline + 0.3, what="past the first deadline")
         assert pool.status().leased == 2
     assert pool.status().leased == 0
-
-
-def _server_now(raw: Any) -> float:
-    seconds, micros = raw.time()
-    return int(seconds) + int(micros) / 1e6
 
 
 def test_threads_mixing_single_and_multi_keep_capacity(pool: Any) -> None:
@@ -370,8 +366,7 @@ def shape(pool: Any) -> tuple[int, int, int]:
 def test_processes_fifo_between_single_and_multi(
     real: Any, redis_url: str, pool_name: str, procs: Any
 ) -> None:
-    from _many_workers import many_leaser
-    from _workers import leaser
+    from _workers import leaser, many_leaser
 
     pool, _raw = real
     pool.extend(["a", "b", "c"])
@@ -420,7 +415,7 @@ def test_processes_fifo_between_single_and_multi(
 def test_processes_multi_is_not_starved_by_single_requests(
     real: Any, redis_url: str, pool_name: str, procs: Any
 ) -> None:
-    from _many_workers import churner, many_leaser
+    from _workers import churner, many_leaser
 
     pool, _raw = real
     pool.extend(["a", "b"])
@@ -448,7 +443,7 @@ def test_processes_multi_is_not_starved_by_single_requests(
 def test_processes_dead_holder_of_several_frees_all_after_its_ttl(
     real: Any, redis_url: str, pool_name: str, procs: Any
 ) -> None:
-    from _many_workers import many_leaser
+    from _workers import many_leaser
 
     pool, raw = real
     pool.extend(["a", "b", "c"])
@@ -470,8 +465,7 @@ def test_processes_dead_holder_of_several_frees_all_after_its_ttl(
 def test_processes_timeout_interrupt_and_death_of_a_waiter_leave_nothing(
     real: Any, redis_url: str, pool_name: str, procs: Any
 ) -> None:
-    from _many_workers import many_leaser
-    from _workers import leaser
+    from _workers import leaser, many_leaser
 
     pool, raw = real
     pool.extend(["a", "b"])
@@ -514,7 +508,7 @@ def test_processes_timeout_interrupt_and_death_of_a_waiter_leave_nothing(
 def test_processes_never_show_a_partial_grant(
     real: Any, redis_url: str, pool_name: str, procs: Any
 ) -> None:
-    from _many_workers import churner
+    from _workers import churner
 
     pool, _raw = real
     pool.extend(["a", "b", "c", "d"])
@@ -583,8 +577,7 @@ def test_a_grant_that_lost_a_lease_before_pickup_is_ended_whole(real: Any) -> No
 def test_gc_drops_a_dead_multi_waiter_with_its_place_holders(
     real: Any, redis_url: str, pool_name: str, procs: Any
 ) -> None:
-    from _many_workers import many_leaser
-    from _workers import leaser
+    from _workers import leaser, many_leaser
 
     from allocator._core.liveness import ALIVE_MS
 
@@ -683,7 +676,7 @@ def test_a_grant_pushed_to_a_stalled_waiter_is_taken_back_whole(
     pushed: once its liveness runs out, both leases are taken back and the
     resources serve others; resumed, the waiter queues again and is served
     whole."""
-    from _many_workers import many_leaser
+    from _workers import many_leaser
 
     pool, raw = real
     pool.extend(["a", "b"])
@@ -722,7 +715,7 @@ def test_take_back_of_a_multi_grant_is_whole_even_one_check_at_a_time(
 ) -> None:
     """One script run that handles a single pick-up check (a gc step of
     count 1) still takes back every lease of the grant, not one of three."""
-    from _many_workers import many_leaser
+    from _workers import many_leaser
 
     from allocator._core.steps import Call
 
@@ -741,7 +734,7 @@ def test_take_back_of_a_multi_grant_is_whole_even_one_check_at_a_time(
     assert raw.zcard(exp) == raw.zcard(pick) == 3  # pushed, not picked up
     marks = raw.zrange(alive, 0, -1, withscores=True) + raw.zrange(pick, 0, -1, withscores=True)
     due = max(score for _, score in marks)
-    wait_until(lambda: _server_now(raw) * 1000 > due + 1, timeout=30, what="liveness ran out")
+    wait_until(lambda: server_now(raw) * 1000 > due + 1, timeout=30, what="liveness ran out")
     # Plain reads until here: no script ran the checks. Now one, of one entry.
     step = Call("gc", keys, ("0-0", "", "", 1), lambda reply: reply)
     pool._drive(pool._pool._single(step))

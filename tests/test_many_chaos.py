@@ -1,7 +1,7 @@
 """Chaos with several resources at once: single and multi requests, SIGKILLs.
 
 Like tests/test_chaos.py, on a pool of four resources (one of capacity 2):
-workers (``_many_workers.chaos_many_worker``) ask for one to three resources
+workers (``_workers.chaos_many_worker``) ask for one to three resources
 at a time, with ``acquire`` or ``acquire_many``, and write every lease to a
 ledger of their own; the test kills one at random now and then and starts a
 replacement. Checked on the ledgers:
@@ -28,8 +28,7 @@ from typing import Any
 
 import pytest
 import redis
-from _many_workers import chaos_many_worker, server_now
-from _workers import CTX
+from _workers import CTX, chaos_many_worker, server_now
 from helpers import wait_until
 
 from allocator import FairAllocator

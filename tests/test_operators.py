@@ -308,7 +308,7 @@ def test_the_scripts_use_the_same_wait_buckets_as_python() -> None:
     import re
     from pathlib import Path
 
-    prelude = (Path(__file__).resolve().parent.parent / "lua" / "prelude.lua").read_text()
+    prelude = (Path(__file__).resolve().parent.parent / "lua" / "prelude_resources.lua").read_text()
     body = prelude[prelude.index("function P:count_wait") :]
     body = body[: body.index("\nend\n")]
     pairs = re.findall(r"w <= (\d+) then f = 'w(\d+)'", body)

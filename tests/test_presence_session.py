@@ -5,7 +5,7 @@ fools nobody. A reclaimable holder always knows it lost its lease before
 anybody else is granted it; a waiter keeps its place.
 
 The presence is taken down from outside at fixed periods, for most of
-each period, and let come back for the rest (tests/_session_workers.py,
+each period, and let come back for the rest (tests/_workers.py,
 ``Flapper``: the client's channel permissions revoked and given back, so
 that the server drops its presence connection and refuses it until then);
 everything else of the clients works on. Each absence is shorter than the
@@ -23,8 +23,15 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from _session_workers import Flapper, crowd, flapped_url, timed_waiter, watching_holder
-from _workers import Proc, server_now
+from _workers import (
+    Flapper,
+    Proc,
+    crowd,
+    flapped_url,
+    server_now,
+    timed_waiter,
+    watching_holder,
+)
 from helpers import LoopThread, wait_until
 
 from allocator import AsyncFairAllocator, FairAllocator

@@ -11,18 +11,15 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import multiprocessing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from _procs import hammer, ordered_waiter
+from _workers import CTX, hammer, ordered_waiter
 from helpers import ticket_key, wait_until
 
 from allocator import FairAllocator
-
-CTX = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 
 A :class:`~helpers.Stepper` drives a waiter's acquire one step at a time, so
 the test can put a release, a timeout or an interrupt exactly between two of
-its steps; no sleeps decide the order.
+its steps; no sleeps decide the order. The orders that need no server
+to tell their outcome are staged on the core alone, in
+tests/test_pure_flows.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from _workers import server_now
 from helpers import Background, Stepper, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
@@ -71,11 +74,6 @@ def test_holder_keeps_resource_beyond_internal_timers(pool: FairAllocator, clien
     assert waiter.join().token > held.token
 
 
-def server_now(client: Any) -> float:
-    seconds, micros = client.time()
-    return float(seconds) + micros / 1e6
-
-
 def test_timeout_racing_a_grant_passes_it_on(pool: FairAllocator) -> None:
     """3. The grant was pushed, then the waiter's timeout fired."""
     pool.extend(["r"])
@@ -120,18 +118,6 @@ def test_interrupt_at_every_step_leaves_nothing_behind(pool: FairAllocator, at: 
     pool.release(held)
     assert pool.status().free == 1
     assert pool.acquire(blocking=False) is not None
-
-
-def test_release_between_enqueue_and_block(pool: FairAllocator) -> None:
-    """5. The grant is pushed before the waiter blocks: it finds it at once."""
-    pool.extend(["r"])
-    held = pool.acquire(timeout=5)
-    waiter = Stepper(pool)
-    queued(waiter)
-    pool.release(held)
-    waiter.run_step()  # the blocking read returns the pushed grant
-    assert waiter.done and waiter.value.resource == "r"
-    assert len(waiter.steps) == 2  # enqueue, one wait: no extra round trip
 
 
 def test_stale_signals_are_rechecked_not_trusted(pool: FairAllocator, client: Any) -> None:

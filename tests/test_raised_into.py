@@ -7,7 +7,8 @@ queue, and the lead must pass on: nothing of it may stay in the allocator
 (docs/concepts.md#the-reader). Each test can fail: an exception handed to
 the rounds as if a Redis call had failed is swallowed (logged, the thread
 stays queued), and a second one that ends the rounds leaves the lead
-raising it in every thread that waits afterwards.
+raising it in every thread that waits afterwards. (The core's decisions
+alone, an error at each step of the rounds: tests/test_pure_flows.py.)
 """
 
 from __future__ import annotations
@@ -25,11 +26,6 @@ import redis
 from helpers import blocked_readers, wait_until
 
 from allocator import AcquireTimeout, FairAllocator, Lease
-from allocator._core import reader as core
-from allocator._core.lead import THREAD, Lead
-from allocator._core.liveness import HEARTBEAT
-from allocator._core.pool import Pool
-from allocator._core.steps import Beat, Deliver, Exchange, Sleep, Subscribe
 from allocator._sync_reader import Reader
 
 
@@ -44,120 +40,6 @@ def raise_into(thread: threading.Thread, kind: type[BaseException]) -> None:
         ctypes.c_ulong(thread.ident), ctypes.py_object(kind)
     )
     assert done == 1, "the thread is gone"
-
-
-# -- pure: an exception at each yield of the rounds ------------------------------
-
-
-def queue_of() -> Any:
-    import queue
-
-    return queue.SimpleQueue()
-
-
-def reply_to(step: Any, hub: core.Reader) -> Any:
-    """What a shell's step gives back when the server answers and nothing comes."""
-    if isinstance(step, Beat):
-        return [(key, ("e1", True, False, 1)) for key, _ in step.calls]
-    if isinstance(step, Exchange):
-        return []
-    if isinstance(step, Deliver):
-        step.items.clear()
-        step.releases.clear()
-        return None
-    assert isinstance(step, (Sleep, Subscribe)), step
-    return None
-
-
-def drive_rounds(throw_at: set[int], steps: int = 40) -> list[str]:
-    """Run the rounds of one waiter's lead for ``steps`` steps, the error of
-    the step numbered in ``throw_at`` being a Boom; the kinds of the steps."""
-    hub = core.Reader(HEARTBEAT)
-    pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
-    lead = Lead(hub)
-    inbox = queue_of()
-    hub.register(pool, "a", inbox)
-    now = [0.0]
-
-    def clock() -> float:
-        now[0] += 0.4  # a heartbeat every few steps
-        return now[0]
-
-    assert lead.take("a", inbox, clock)
-    kinds = []
-    for number in range(steps):
-        while not inbox.empty():  # the waiter looks, and waits again
-            inbox.get()
-        step = lead.next_step("a", inbox, None, now[0])
-        assert step is not None and lead.reading, f"the rounds ended at step {number}"
-        kinds.append(type(step).__name__)
-        if number in throw_at:
-            lead.done(None, Boom(number))
-        else:
-            lead.done(reply_to(step, hub), None)
-    return kinds
-
-
-def test_an_error_at_any_step_of_the_rounds_never_ends_them() -> None:
-    # A failed round leads into the error branch (Deliver, then Sleep):
-    # an error there too, at once or one step later, must be taken as the
-    # first was.
-    kinds = drive_rounds(set())
-    assert {"Beat", "Exchange"} <= set(kinds)
-    for first in range(12):
-        for second in (None, first + 1, first + 2, first + 3):
-            throw_at = {first} if second is None else {first, second}
-            kinds = drive_rounds(throw_at)
-            assert "Sleep" in kinds or not throw_at
-
-
-def test_rounds_ended_by_an_exception_start_afresh_with_the_next_leader() -> None:
-    # An exception raised into the leader while the rounds' own code ran
-    # (between two steps) ends them: it comes out of that leader once, the
-    # lead passes to a follower, and fresh rounds start with it; the old
-    # exception is never raised again.
-    hub = core.Reader(HEARTBEAT)
-    pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
-    lead = Lead(hub)
-    inboxes = {lid: queue_of() for lid in ("a", "b")}
-    for lid, inbox in inboxes.items():
-        hub.register(pool, lid, inbox)
-    clock = iter(range(1000)).__next__
-    assert lead.take("a", inboxes["a"], clock)
-    assert not lead.take("b", inboxes["b"], clock)
-    step = lead.next_step("a", inboxes["a"], None, 0.0)
-    assert isinstance(step, Exchange)
-
-    def succeeded() -> None:
-        raise KeyboardInterrupt  # raised into the thread in the rounds' code
-
-    hub.succeeded = succeeded  # type: ignore[method-assign]
-    lead.done([], None)
-    with pytest.raises(KeyboardInterrupt):
-        lead.next_step("a", inboxes["a"], None, 0.0)
-    del hub.succeeded
-    assert lead.leave("a") is inboxes["b"]  # the lead passes on
-    assert lead.take("b", inboxes["b"], clock)
-    step = lead.next_step("b", inboxes["b"], None, 0.0)
-    assert step is not None and lead.reading
-    lead.done(reply_to(step, hub), None)
-    assert lead.next_step("b", inboxes["b"], None, 0.0) is not None
-
-
-def test_only_a_step_error_goes_to_the_rounds() -> None:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    from allocator._core.lead import step_error
-
-    assert step_error("a", RedisConnectionError("gone"))
-    assert not step_error("a", Boom())
-    assert not step_error("a", TimeoutError())  # an alarm handler's
-    assert not step_error("a", KeyboardInterrupt())
-    assert step_error(THREAD, Boom())  # nobody to raise it to
-    assert not step_error(THREAD, KeyboardInterrupt())
-
-
-# -- real server: threads of one process -------------------------------------------
 
 
 @pytest.fixture

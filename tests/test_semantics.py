@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+from _workers import server_now
 from helpers import Background, ticket_key, wait_until
 
 from allocator import AcquireTimeout, AllocatorError, Lease, LeaseLost, UnknownResource
@@ -167,11 +168,6 @@ def test_renew_extends_and_stale_holder_cannot_touch_successor(pool: Any) -> Non
     # The successor's lease is untouched.
     assert pool.renew(successor).expires_at >= successor.expires_at
     assert pool.release(successor) is True
-
-
-def server_now(raw: Any) -> float:
-    seconds, micros = raw.time()
-    return float(seconds) + micros / 1e6
 
 
 def test_renew_never_revives_an_expired_lease(pool: Any, raw: Any) -> None:

@@ -1,6 +1,6 @@
 """Argument checks: every argument a caller gives is checked here, before
 any I/O, and a bad one raises ``ValueError`` or ``TypeError`` naming it.
-The bounds match the server's own checks (lua/prelude.lua)."""
+The bounds match the server's own checks (lua/prelude_checks.lua)."""
 
 from __future__ import annotations
 

@@ -34,10 +34,12 @@ def _glob_escape(text: str) -> str:
 
 
 def acl_key_pattern(name: str, prefix: str = "alloc") -> str:
-    """The ACL key pattern that covers the keys of pool ``name`` and no
-    other's: ``alloc:{name}:*``, the name escaped as the keys escape it, and
-    the glob characters ``* ? [ ] \\`` escaped so that no name can widen
-    it. Use it after ``~`` in ``ACL SETUSER`` (docs/operations.md)."""
+    """The ACL key pattern that covers the keys of pool `name` (under
+    `prefix`) and of no other pool: `alloc:{name}:*`, the name escaped as
+    the keys escape it, and the glob characters `* ? [ ] \\` escaped, so
+    that no name can widen it. `acl_key_pattern("proxies")` is
+    `alloc:{proxies}:*`. Use it after `~` in `ACL SETUSER`
+    ([operations](operations.md#acl))."""
     name = _text("name", name, MAX_NAME)
     prefix = _text("prefix", prefix, MAX_NAME)
     return _glob_escape(f"{_escape(prefix)}:{{{_escape(name)}}}") + ":*"

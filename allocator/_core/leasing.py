@@ -353,7 +353,8 @@ class Leasing(PoolBase):
         """A release: within :attr:`end_budget`; if it gives up on a
         transport error (its outcome unknown), it is handed to the client's
         background sender before the error goes out, so that the resource
-        comes back as soon as the server answers (docs/api.md#release).
+        comes back as soon as the server answers
+        (docs/api.md#allocator.FairAllocator.release).
         An answer settles any release of the lease still pending."""
         try:
             released = yield from retry_single(call, self.end_budget, self.try_budget)
@@ -384,7 +385,8 @@ class Leasing(PoolBase):
                 self.name,
                 held.resource,
                 held.token,
-                "released: its release is still being delivered (docs/api.md#release)",
+                "released: its release is still being delivered "
+                "(docs/api.md#allocator.FairAllocator.release)",
             )
         call = self._renew_call(held, ttl_ms)
         budget = renew_budget(self.call_budget, held.ttl)

@@ -3,7 +3,8 @@ waiters' liveness mark, and how long a silent client keeps its place
 (docs/concepts.md, 'Liveness marks, presence and dead waiters'). These are
 the clocks of a client judged by its mark alone; one that keeps a presence
 has its own (:mod:`.presence`). (The scripts keep the other side of these
-rules: PICKUP_MS and the marks in lua/prelude.lua.)"""
+rules: PICKUP_MS in lua/prelude_defaults.lua, the marks in
+lua/prelude_clients.lua.)"""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ ALIVE_MS = round((ALIVE + HEARTBEAT) * 1000)
 
 #: How long a reader with nobody left waiting keeps retrying the
 #: acknowledgements it could not send: past the liveness mark and one
-#: pick-up check (PICKUP_MS in prelude.lua), the server has taken back every
+#: pick-up check (PICKUP_MS in lua/prelude_defaults.lua), the server has taken back every
 #: grant that was not acknowledged, so the acknowledgement no longer matters
 #: and the reader ends instead of retrying a gone server for ever.
 ACK_GIVE_UP = ALIVE_MS / 1000 + 2.0

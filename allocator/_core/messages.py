@@ -128,7 +128,7 @@ def ended_lease(message: str) -> str | None:
 
 def many_id(lid: str, index: int) -> str:
     """The lease id of resource ``index`` (from 0) of the acquire_many
-    request ``lid`` (prelude.lua ``P.many_id``): ``lid`` itself, then
+    request ``lid`` (lua/prelude_many.lua ``P.many_id``): ``lid`` itself, then
     ``<lid>.2``, ``<lid>.3``... A lease id from ``secrets.token_urlsafe``
     never holds a dot, so the request's own id is the part before it."""
     return lid if index == 0 else f"{lid}.{index + 1}"

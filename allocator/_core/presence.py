@@ -14,9 +14,9 @@ its connections, and so its place, until its mark runs out,
 judged by its liveness mark alone, as in 0.2 (:mod:`.liveness`); the clocks
 of a client by its id are :func:`alive_ms`, :func:`heartbeat_of` and
 :func:`silence`. (The scripts keep the other side of these rules: GRACE_MS
-and the marks in lua/prelude.lua.) The pools in which a client keeps a
-presence, or cannot, and so its id in each, are its reader's presence
-table (:class:`Presences`).
+in lua/prelude_defaults.lua, the marks in lua/prelude_clients.lua.) The
+pools in which a client keeps a presence, or cannot, and so its id in
+each, are its reader's presence table (:class:`Presences`).
 
 The holder's watch (:class:`Holds`): while the client waits or holds a
 lease in a pool where it keeps a presence, a watch listens on the presence
@@ -84,7 +84,7 @@ HEARTBEAT_PRESENT = 2.0
 ALIVE_PRESENT = 11.0
 #: How long a client that keeps a presence may be absent (no subscriber on
 #: its channel) before it counts as gone, counted from the first script run
-#: that found it so: a reconnect's time (GRACE_MS in lua/prelude.lua).
+#: that found it so: a reconnect's time (GRACE_MS in lua/prelude_defaults.lua).
 GRACE = 1.0
 #: The longest pause between two tries of what keeps a waiter's place (its
 #: reader's rounds, its own looks at the queue) while the server is out of
@@ -293,7 +293,7 @@ class Holds:
     def ended(self, lid: str) -> None:
         """The server said that lease ``lid`` ended (revoked, reclaimed, its
         resource removed or its pool deleted by force: ``e|<lease id>`` on
-        the presence channel, lua/prelude.lua ``P:tell_end``): it is lost
+        the presence channel, lua/prelude_clients.lua ``P:tell_end``): it is lost
         from now on, whatever the presence. A lease not held here (already
         dropped, or past its deadline) is no concern."""
         if lid in self._held:

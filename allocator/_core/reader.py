@@ -405,12 +405,12 @@ def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, too_lon
 #: How long acknowledgements that no waiter is left to send wait for the
 #: next waiter's round to carry them, before the reader's thread (or task)
 #: sends them: far within the pick-up check's 2 s, after which a grant not
-#: acknowledged goes back on its list (prelude.lua, PICKUP_MS).
+#: acknowledged goes back on its list (lua/prelude_defaults.lua, PICKUP_MS).
 ACK_DELAY = 0.2
 
 #: How much longer than its blocking time a reader waits for its round's
 #: reply before it takes the connection for dead (a lost reply costs no
-#: grant: one not acknowledged is put back on its list, see prelude.lua).
+#: grant: one not acknowledged is put back on its list, see lua/prelude_maintenance.lua).
 READ_SLACK = 5.0
 
 

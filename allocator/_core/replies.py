@@ -75,7 +75,7 @@ State = Lease | list[Lease] | tuple[str, float | None] | str
 
 
 #: Upper bounds (seconds) of the wait histogram's buckets, as the scripts
-#: keep them (P:count_wait in prelude.lua, in ms): field ``w<i>`` of the
+#: keep them (P:count_wait in lua/prelude_resources.lua, in ms): field ``w<i>`` of the
 #: ``stats`` hash counts the grants whose wait fell in bucket i (1-based),
 #: ``w0`` those beyond the last bound.
 WAIT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

@@ -23,7 +23,7 @@ from ._common import (
 
 __all__ = ["register"]
 
-#: The kinds of event the scripts log (lua/prelude.lua, P:event).
+#: The kinds of event the scripts log (lua/prelude_queue.lua, P:event).
 EVENT_KINDS = ("grant", "release", "expire", "reclaim", "revoke", "quarantine", "drop")
 
 #: Entries read at a time (XREVRANGE COUNT, XREAD COUNT).

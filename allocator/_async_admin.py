@@ -1,0 +1,276 @@
+# the source of allocator/_sync_admin.py: run docs/scripts/async_to_sync.py after an edit
+"""The base of `AsyncFairAllocator`: the driver that carries out a flow's
+steps, and the administration and views of a pool (``extend`` to
+``pools``); the allocator adds its construction and leasing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from ._async_io import drive, run_step
+from ._async_reader import Reader, reader_for
+from ._core.keys import pool_names, pools_pattern
+from ._core.pool import Pool
+from ._core.retry import RETRY_BUDGET
+from ._core.steps import Command, Flow, Step
+from ._scripts import Scripts, scripts
+from ._transport import is_cluster
+from ._values import ClientInfo, GCReport, LeaseInfo, PoolStats, PoolStatus
+
+__all__ = ["AsyncAdmin"]
+
+T = TypeVar("T")
+
+
+class AsyncAdmin:
+    """The driver and the administration of :class:`AsyncFairAllocator
+    <allocator.AsyncFairAllocator>`, which sets these three up."""
+
+    _pool: Pool
+    _client: Any
+    _scripts: Scripts
+
+    # -- the driver: the only place that does I/O --------------------------
+
+    async def _drive(self, steps: Flow[T]) -> T:
+        return await drive(steps, self._step)
+
+    async def _step(self, step: Step) -> Any:
+        return await run_step(self._client, self._scripts, step, self._reader)
+
+    def _reader(self) -> Reader:
+        return reader_for(self._client, self._pool)
+
+    # -- administration -------------------------------------------------------
+
+    async def extend(
+        self,
+        resources: Iterable[str],
+        *,
+        capacity: int = 1,
+        priority: float = 0,
+        rate: tuple[int, float] | None = None,
+    ) -> int:
+        """Add resources, or update existing ones; returns how many are new.
+
+        - `resources`: an iterable of `str` (not a single string), each 1 to
+          1024 printable characters; duplicates are ignored.
+        - `capacity`: how many leases a resource may have at once (an int from 1
+          to 2^31).
+        - `priority`: a number within ±10^15; among free resources, a higher
+          priority is granted first, and among equal priorities the one free for
+          longest.
+        - `rate`: `(count, seconds)`: at most `count` grants (1 to 1,000,000) in
+          any window of `seconds`; None: no limit.
+
+        Idempotent. Existing resources keep their leases and take the given
+        `capacity`, `priority` and `rate`, the defaults included: `extend(names)`
+        without them resets those settings
+        ([concepts](concepts.md#settings-are-replaced-not-merged)). A capacity
+        lowered below a resource's live leases keeps them; the resource gets no
+        new grant until it is below the new capacity. A draining resource is
+        taken back into rotation; a resource removed and added again continues
+        its token sequence. Waiters are served at once if the change lets them.
+
+        A large call is sent in runs of 100 names, each one atomic script run: a
+        call that fails part-way leaves the earlier runs applied, and may simply
+        be made again. After a retry, the count leaves out the names that a lost
+        attempt added.
+        """
+        return await self._drive(self._pool.extend(resources, capacity, priority, rate))
+
+    async def remove(self, resources: Iterable[str], *, force: bool = False) -> int:
+        """Take resources out of the pool; returns how many were removed or marked
+        draining (unknown names are ignored and not counted).
+
+        A free resource leaves at once; a leased one stops being granted and
+        leaves when its leases end (draining). `force=True` removes it now and
+        revokes its leases: their holders' [`lost`][] turns true, [`renew`][]
+        and the exit of [`lease`][] raise [`LeaseLost`][], and [`release`][]
+        returns False. A resource added again later continues its token
+        sequence; the revoked leases stay void. Revoked leases count in
+        `stats().revoked`.
+
+        Every name is checked before anything is sent. Like [`extend`][], a
+        large call is applied in steps of 100 names, each one atomic script run
+        of about 2 ms on the server, so that none blocks the server for long
+        however many names are given: an error midway (raised) leaves the
+        earlier steps applied, and the same call may simply be made again.
+        """
+        return await self._drive(self._pool.remove(resources, force))
+
+    async def bind(self, name: str, resource: str) -> None:
+        """Bind `name` to `resource` for the pool's `bind_ttl` seconds: the soft
+        binding that `acquire(bind=name)` follows
+        ([concepts](concepts.md#soft-binding)). Raises [`UnknownResource`][] if
+        the resource is not in the pool."""
+        return await self._drive(self._pool.bind(name, resource))
+
+    async def unbind(self, name: str) -> bool:
+        """Drop the soft binding of `name`; True if there was a live one."""
+        return await self._drive(self._pool.unbind(name))
+
+    async def status(self) -> PoolStatus:
+        """A snapshot of the pool ([`PoolStatus`][]): its size, free resources,
+        live leases, waiters and bindings, and one row per resource.
+
+        It writes nothing (and loads no Functions library), so that a user whose
+        ACL allows only reads may call it
+        ([operations](operations.md#a-read-only-user-for-monitoring)): a lease
+        past its deadline that nobody reclaimed yet is not counted, a quarantine
+        that ended shows as over, and a pool that does not exist reads as empty
+        (`size == 0`, `exists == False`) without a key being made.
+
+        The resources are read 250 per script run, so that no run blocks the
+        server for long however large the pool: a pool of up to 250 resources is
+        one consistent snapshot; a larger one is read page by page, each page as
+        of its own run, and the figures of the queue and the bindings are those
+        of the first page.
+        """
+        return await self._drive(self._pool.status())
+
+    async def gc(self) -> GCReport:
+        """Reclaim leases past their deadline, drop queue entries of waiters that
+        are gone, expire stale bindings and liveness marks, end quarantines and
+        rate throttles that are over, clean up pending queue entries with no
+        lease behind them, set right lease counts that disagree with the live
+        leases, and serve the waiters that can now be served: [`GCReport`][]
+        counts each.
+
+        It runs in bounded steps until nothing is left due. Waiters of clients
+        found absent whose grace still runs are waited for (a grace at most, about
+        a second) and looked at again, so that one call leaves no dead waiter
+        behind. Safe to run from any number of processes at once. A server error
+        (an ACL that refuses `XAUTOCLAIM`, say) is raised
+        ([operations](operations.md#garbage-collection)).
+        """
+        return await self._drive(self._pool.gc())
+
+    # -- seeing and steering ---------------------------------------------------
+
+    async def leases(self) -> tuple[LeaseInfo, ...]:
+        """Every live lease ([`LeaseInfo`][]): its resource, token, owner, grant
+        time, deadline, whether its holder is connected and its client id, never
+        its lease id; sorted by resource, then grant time. Read 250 leases per
+        script run; writes nothing, so that a read-only user may call it."""
+        return await self._drive(self._pool.leases())
+
+    async def clients(self) -> tuple[ClientInfo, ...]:
+        """Every client process of the pool (one per Redis client object and
+        process, [`ClientInfo`][]) that waits, holds a lease, or waited lately:
+        its id, the host, pid and library version it gave when it joined, whether
+        it is connected, how long it has been silent, its waiters and leases,
+        and whether it is *stalled* (connected and waiting, but silent past its
+        heartbeat: stopped, paused or blocked). Read a page at a time; writes
+        nothing, so that a read-only user may call it. On the command line:
+        `allocator clients`
+        ([operations](operations.md#allocator-leases-clients-revoke))."""
+        return await self._drive(self._pool.clients())
+
+    async def stats(self) -> PoolStats:
+        """The pool's counters since it was created ([`PoolStats`][]): grants,
+        timeouts, reclaimed and revoked leases, dropped waiters, quarantines and
+        the wait histogram, kept in Redis by the scripts, so that every process
+        sees the same figures. Writes nothing, so that a read-only user may call
+        it."""
+        return await self._drive(self._pool.stats())
+
+    async def quarantine(self, resource: str, seconds: float) -> None:
+        """Take `resource` out of rotation for `seconds` without holding a lease (an
+        operator's "this proxy is broken"). Live leases on it stay valid; it gets
+        no new grant until the time ends, then waiters are served. A longer
+        quarantine or rate throttle already running is kept; a draining resource
+        stays draining. Raises [`UnknownResource`][] if it is not in the pool. On
+        the command line: `allocator quarantine POOL RESOURCE --for SECONDS`."""
+        return await self._drive(self._pool.quarantine(resource, seconds))
+
+    async def unquarantine(self, resource: str) -> bool:
+        """End the quarantine of `resource` now (an operator's "this proxy works
+        again"), whether an operator's [`quarantine`][] or a release's
+        `quarantine=` started it: the resource is back in rotation at once and
+        waiters are served. True if a quarantine ended, False if the resource was
+        not quarantined. A rate throttle is the resource's own budget and is not
+        ended: a resource whose budget is spent stays throttled until it refills.
+        A draining resource stays draining. Raises [`UnknownResource`][] if it is
+        not in the pool. On the command line:
+        `allocator quarantine POOL RESOURCE --end`."""
+        return await self._drive(self._pool.unquarantine(resource))
+
+    async def set_events(self, maxlen: int | None) -> None:
+        """Switch the pool's event log on, keeping about the `maxlen` latest events
+        (1 to 10,000,000; older ones are trimmed), or off (None). Off by default;
+        the setting is kept with the pool, for every process that uses it, and
+        switched off, the entries already written stay until the pool is deleted.
+        Each grant, release, expiry, reclaim, revocation, quarantine and dropped
+        waiter then adds an entry to the Redis Stream [`events_key`][]. On the
+        command line: `allocator events POOL --enable N` or `--disable`, and
+        `allocator events POOL` reads it
+        ([operations](operations.md#event-log))."""
+        return await self._drive(self._pool.set_events(maxlen))
+
+    @property
+    def events_key(self) -> str:
+        """The name of the pool's event log, a Redis Stream (`XRANGE`, `XREAD`;
+        `allocator events` reads it): entries with fields `kind`, `resource`,
+        `token`, `client` (and `owner` for a grant or a drop), whose id is the
+        server time in ms; never the lease id."""
+        return self._pool.events_key
+
+    async def revoke(
+        self, resource: str | None = None, token: int | None = None, *, lease_id: str | None = None
+    ) -> bool:
+        """End one lease now (an operator's "this holder must let go"): the
+        resource keeps its capacity, priority and rate, and goes to the next
+        waiter at once.
+
+        An operator names the lease as [`leases`][] and `allocator leases` show
+        it: by its `resource` and, where the resource holds several leases, its
+        fencing `token` (a token names one grant). Without a token, a resource
+        that holds several raises [`SeveralLeases`][] (a `ValueError`) listing
+        their tokens, and nothing is revoked. The holder's own code may name its
+        lease by `lease_id=` (`Lease.id`) instead. The lease is found in one
+        script run, through the index of live leases.
+
+        The holder is told at once through its presence connection: [`lost`][]
+        turns true there; it also learns it at its next [`renew`][]
+        ([`LeaseLost`][]) or [`release`][] (False), and the exit of its
+        [`lease`][] block raises `LeaseLost`; its fencing token guards the rest.
+        True if a live lease ended; False if none matched (it ended already, or
+        the token is not a live lease's). Counted in `stats().revoked`. On the
+        command line: `allocator revoke POOL RESOURCE [--token T]`."""
+        return await self._drive(self._pool.revoke(resource, token, lease_id))
+
+    async def delete(self, *, force: bool = False) -> bool:
+        """Remove the pool and every key it has; False if there was no such pool.
+
+        While leases are live or requesters wait, raises [`AllocatorError`][]
+        and changes nothing, unless `force=True`: then the holders lose their
+        leases ([`lost`][] turns true, [`renew`][] raises [`LeaseLost`][],
+        [`release`][] returns False) and every waiting `acquire` raises
+        [`AcquireTimeout`][] at once.
+        """
+        return await self._drive(self._pool.delete(force))
+
+    @staticmethod
+    async def pools(client: Any, *, prefix: str = "alloc") -> list[str]:
+        """The names of the pools under `prefix` on the server of `client` (on a
+        Redis Cluster: on every master), sorted. A static method; uses `SCAN`,
+        writes nothing."""
+        pattern = pools_pattern(prefix)
+        if is_cluster(client):
+            nodes = client.PRIMARIES
+            scan = client.scan_iter(match=pattern, count=1000, target_nodes=nodes)
+            return pool_names([key async for key in scan], prefix)
+        # Each SCAN is a single call: its reply comes within the budget of one.
+        found: list[Any] = []
+        cursor = 0
+        while True:
+            args = ("SCAN", str(cursor), "MATCH", pattern, "COUNT", "1000")
+            step = Command(args, time.monotonic() + RETRY_BUDGET)
+            cursor, batch = await run_step(client, scripts(), step, None)
+            found.extend(batch)
+            if not cursor:
+                return pool_names(found, prefix)

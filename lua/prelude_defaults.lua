@@ -1,0 +1,69 @@
+-- @helpers: above, the state of one call; below, the helpers. As a script
+-- (EVALSHA) all of it runs on every call; in the Functions library
+-- (allocator/_scripts.py) the helpers are defined once, when the library
+-- loads, and each call only builds its state, which finds them through a
+-- metatable. So the helpers keep no state of their own: only `self`.
+
+-- Constants, and the defaults of the state a run sets as it goes (in the
+-- Functions library these are the helpers' own, found through the
+-- metatable until a run sets its own value).
+-- A grant pushed to a waiter's signal list is checked this long after, and
+-- again as long as its client's reader has not acknowledged it: while the
+-- client is alive, the grant is put back on its list if a lost reply took
+-- it; once the client's liveness has run out, the grant is taken back.
+P.PICKUP_MS = 2000
+-- A client that keeps a presence (its id starts with 'p.': a connection
+-- subscribed to its channel, lua/README.md) and that a run has found
+-- absent, no subscriber on that channel, is gone this long after it was
+-- first found so: long enough for a reconnect (a restart or a failover
+-- drops every connection at once), short enough that a dead waiter holds
+-- nobody up for long. GRACE in allocator/_core/liveness.py.
+P.GRACE_MS = 1000
+-- A lease whose holder asked for it to end when its process is gone
+-- (`reclaim_on_disconnect`: its ticket has the field `e`, and its client
+-- keeps a presence) has its holder's presence checked this often, by a
+-- PICK entry `c|<lease id>` (P:check_holder).
+P.CHECK_MS = 500
+-- Dead tickets dropped from the head of the queue per script run, so that
+-- a crowd of dead waiters never blocks the server (200 drops take about
+-- 3 ms on Redis 7.0); whoever runs next goes on (a waiter's reply says
+-- "look again now", a reader beats again at once).
+P.DROP_LIMIT = 200
+-- Clients whose presence a run checks, beyond the one it found absent, so
+-- that a crowd that died together (a node lost, a rolling restart) has its
+-- graces run together instead of one after another as each reaches the
+-- head (P:sweep). Each check is one PUBSUB call (~5k instructions).
+P.SWEEP = 128
+-- Hints are pushed only for events this close; a waiter looks again by
+-- itself at least this often (its reader's heartbeat: HEARTBEAT_PRESENT in
+-- allocator/_core/liveness.py), so a later event is met then, at no cost to
+-- the grant path.
+P.HORIZON_MS = 2000
+-- Expired leases and ended quarantines handled per pass on a hot path;
+-- gc() loops until everything due is handled.
+P.BATCH = 64
+-- Counters of this run, reported by gc(); `more`: dispatch stopped at
+-- DROP_LIMIT with dead tickets left at the head.
+P.reclaimed, P.dropped, P.more = 0, 0, false
+-- META, read by P:meta (`ld` false: not read yet); the hint last given
+-- ({tag, key, msg}); the caller's own hint (P:hint); the time as hex
+-- (P:now_stamp).
+P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+-- The length of the pool's event log (META `ev`), false while it is off.
+P.ev = false
+-- A released resource kept aside for the queue head (P:settle).
+P.spare = false
+-- Set by a reader's heartbeat: dispatch looks at the head even when
+-- nothing is free, so that a dead head's grace starts at once.
+P.look = false
+-- Set once a run has swept the clients' presences (P:sweep); `due`: the
+-- end of the grace of an absent head this run met (P:serve), which a
+-- reader's heartbeat is told to look again at.
+P.swept, P.due = false, false
+-- The end of the grace of the absent client being granted (P:serve): its
+-- grant's pick-up check comes then (P:grant, P:grant_many).
+P.pick_at = false
+-- The earliest presence check of a holder this run scheduled
+-- (P:check_holder), which the head of the queue is told to look again for
+-- (P:maintain keeps it in `nh`).
+P.wake = 1e15

@@ -1,0 +1,112 @@
+---------------------------------------------------------------------------
+-- Leases
+---------------------------------------------------------------------------
+
+-- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pushed|resource
+-- `pushed` is 1 if the grant went to the waiter's signal list (0: handed
+-- over in a script reply); such a grant is *unclaimed* while its lease id is
+-- in PICK (see P:claim).
+-- Returns the lease (or nil) and the raw record of a waiting one (W|ticket).
+-- All fields stay strings but the deadline. A record that is neither, as
+-- the scripts write them, is damaged: nil, nil and the raw record. Those it
+-- meets on the way (maintenance, dispatch, take-back) a script leaves for
+-- gc, which removes them; a script asked about one by its owner replies
+-- ALLOCATOR-CORRUPT (P.corrupt_lease).
+function P:lease_load(lid)
+  local raw = redis.call('HGET', self.RECS, lid)
+  if not raw then
+    return nil, nil
+  end
+  if string.byte(raw, 1) ~= 76 then -- 'L'
+    if string.byte(raw, 1) == 87 and self.is_id(string.sub(raw, 3)) then -- 'W'
+      return nil, raw
+    end
+    return nil, nil, raw
+  end
+  local ticket, token, granted, deadline, ttl, cid, pickup, res = raw:match(
+    '^L|(%d+%-%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]+)|([01])|(.+)$')
+  if not ticket or (#ticket > 20 and not self.is_id(ticket)) or #token > 19 then
+    return nil, nil, raw
+  end
+  return {
+    ticket = ticket, token = token, granted = granted, deadline = tonumber(deadline),
+    ttl = ttl, cid = cid, pickup = pickup, res = res,
+  }, raw
+end
+
+-- The reply to a caller whose own record (its lease id's) is damaged.
+function P:corrupt_lease(lid)
+  return redis.error_reply('ALLOCATOR-CORRUPT ' .. self.RECS .. ': the record of lease ' ..
+    self:shown(lid) .. ' is malformed (gc removes it)')
+end
+
+-- `dl`: the deadline as P.istr writes it (nil: `..` converts it).
+function P:lease_save(lid, L, dl)
+  redis.call('HSET', self.RECS, lid, 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted ..
+    '|' .. (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res)
+end
+
+function P.lease_reply(L)
+  return {'granted', L.ticket, L.token, L.granted, L.deadline, L.ttl, L.res}
+end
+
+-- The grant message is built from fields that never change, so that a later
+-- script can find it in the list again (LPOS) or take it out (LREM). It goes
+-- to the signal list of the waiter's client, SIG .. cid, whose reader routes
+-- it to the waiter by lease id.
+function P.grant_msg(lid, L)
+  return 'g|' .. lid .. '|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted .. '|' .. L.ttl ..
+    '|' .. L.res
+end
+
+-- A pushed grant is *claimed* once its owner has it: its client's reader
+-- acknowledged it (a plain ZREM of the lease id from PICK, sent with the
+-- reader's next read), it was handed over in a script reply (poll, a retried
+-- acquire: this function), or it was renewed. A reader that pops a grant and
+-- finds no waiter for it releases it only while it is unclaimed (release.lua,
+-- `unclaimed`), so a late or repeated message never releases a lease its
+-- owner holds. Here: take back the pushed message if nobody popped it yet.
+-- `key` is the signal list it was pushed to.
+function P:claim(lid, L, key)
+  if L.pickup == '1' and redis.call('ZREM', self.PICK, lid) == 1 then
+    redis.call('LREM', key, '1', self.grant_msg(lid, L))
+  end
+end
+
+function P:unclaimed(lid, L)
+  return L.pickup == '1' and redis.call('ZSCORE', self.PICK, lid) ~= false
+end
+
+-- A lease counts (is one of its resource's `used`) unless the resource left
+-- the pool or was removed and added again since the grant (token <= rv).
+function P.counted(L, r)
+  return r ~= nil and (r.rv == '0' or tonumber(L.token) > tonumber(r.rv))
+end
+
+-- End a lease record: release, expiry, revocation, take-back, or a cancel
+-- that raced a grant. The ticket is acked and deleted, so the stream only
+-- holds live tickets; a grant message nobody took is taken off its list, so
+-- no stray message is left. Returns the resource record with `used` lowered
+-- (not yet saved, so the caller may park it first), or nil if the lease no
+-- longer counted.
+function P:end_lease(lid, L)
+  redis.call('HDEL', self.RECS, lid)
+  redis.call('ZREM', self.EXP, lid)
+  self:claim(lid, L, self.SIG .. L.cid)
+  redis.call('XACK', self.Q, 'g', L.ticket)
+  redis.call('XDEL', self.Q, L.ticket)
+  redis.call('ZREM', self.HELD, L.res .. '\0' .. lid)
+  local r = self:res_load(L.res)
+  if self.counted(L, r) then
+    r.used = r.used - 1
+    return r
+  end
+  return nil
+end
+
+function P:end_and_settle(lid, L)
+  local r = self:end_lease(lid, L)
+  if r then
+    self:settle(L.res, r)
+  end
+end

@@ -1,0 +1,277 @@
+---------------------------------------------------------------------------
+-- The queue
+---------------------------------------------------------------------------
+
+-- The pool's bookkeeping in META, read once per run: the last ticket
+-- delivered (granted) in queue order, the lower bounds `nd` and `nh` (see
+-- P:schedule), and the hint last pushed to a queue head ({tag, key, msg}).
+-- A damaged field is read so that nothing is lost: `nd` or `nh` that is no
+-- time as 0 (maintenance runs, and writes them right); a hint without its
+-- list (or a list that is no signal list of the pool) as none; `ld` that is
+-- no stream id is met where it is used (P:peek).
+function P:meta()
+  if not self.ld then
+    -- (The hint first: the reply is kept as `hinted`, {tag, key, msg}.)
+    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh', 'ev')
+    self.ld = m[4] or '0-0'
+    local nd, nh = tonumber(m[5] or 0), tonumber(m[6] or 0)
+    self.nd = nd and nd <= 1e15 and nd or 0
+    self.nh = nh and nh <= 1e15 and nh or 0
+    if m[7] then
+      -- (Set only when on: a field of P costs every run that sets it.)
+      self.ev = string.find(m[7], '^[1-9]%d?%d?%d?%d?%d?%d?%d?$') and m[7] or false
+    end
+    if m[1] and not (m[2] and m[3] and string.sub(m[2], 1, #self.SIG) == self.SIG) then
+      m[1] = false
+    end
+    self.hinted = m
+  end
+end
+
+-- The pool's event log (KEYS[16], a stream), where its operator switched it
+-- on (META `ev`: about how many entries it keeps, set_events.lua): one
+-- entry per grant, release, expiry, reclaim, revocation, quarantine and
+-- dropped waiter, with fields `kind`, `resource`, `token`, `client` (and
+-- `owner` where the run has it at hand: a grant, a drop). The entry's id is
+-- the server time. Never the lease id: it gives power over the lease, and
+-- the log is read by whoever may read the pool. Off, it costs a test.
+function P:event(kind, res, token, cid, owner)
+  self:meta()
+  if self.ev then
+    -- KEYS[16], made from KEYS[15] (`<p>:stats`): a field of P for it would
+    -- cost every run of every script, the log being off or not.
+    local key = string.sub(self.STATS, 1, -6) .. 'events'
+    if owner then
+      redis.call('XADD', key, 'MAXLEN', '~', self.ev, '*', 'kind', kind,
+        'resource', res, 'token', token, 'client', cid, 'owner', owner)
+    else
+      redis.call('XADD', key, 'MAXLEN', '~', self.ev, '*', 'kind', kind,
+        'resource', res, 'token', token, 'client', cid)
+    end
+  end
+end
+
+-- Where the queue's granted part ends, when `ld` cannot be read: every
+-- ticket up to `ld` was granted, and a granted ticket stays in the stream
+-- (pending in the group) exactly as long as its lease: so the last pending
+-- id splits the stream where `ld` did. Reads only; the next grant saves
+-- `ld` (P:deliver), and gc at once.
+function P:last_granted()
+  local p = redis.pcall('XPENDING', self.Q, 'g')
+  if p.err then
+    -- No group (nor queue): nothing was ever granted. Any other error is
+    -- raised as it came (see P.mend_figure).
+    if string.find(p.err, 'NOGROUP', 1, true) then
+      return '0-0'
+    end
+    p = redis.call('XPENDING', self.Q, 'g')
+  end
+  return p[3] or '0-0'
+end
+
+-- Tickets waiting: every ticket in the stream is waiting or leased, and
+-- every lease has one EXP entry. Derived, so it cannot drift; two O(1) reads
+-- are cheaper than looking at the queue head.
+function P:waiting()
+  return redis.call('XLEN', self.Q) - redis.call('ZCARD', self.EXP)
+end
+
+-- A stream entry as a table: id, and the fields l, c, t (and b, B).
+function P.ticket_of(e)
+  local t = {id = e[1]}
+  local f = e[2]
+  for i = 1, #f, 2 do
+    t[f[i]] = f[i + 1]
+  end
+  return t
+end
+
+-- The queue head: the first ticket after the last one granted. An `ld`
+-- that XRANGE refuses (damage) is read as P:last_granted has it. (pcall
+-- costs what call does: the check is free while nothing is wrong.)
+function P:peek()
+  self:meta()
+  local e = redis.pcall('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
+  if e.err then
+    -- ('Invalid stream ID'; 'invalid start ID' for the greatest id.) Any
+    -- other error is raised as it came (see P.mend_figure).
+    if string.find(e.err, 'ID', 1, true) then
+      self.ld = self:last_granted()
+    end
+    e = redis.call('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
+  end
+  e = e[1]
+  return e and self.ticket_of(e)
+end
+
+-- Deliver the head to the consumer group: from now on it is pending, and gc
+-- finds it with XAUTOCLAIM. XCLAIM ... FORCE puts the ticket in the pending
+-- list exactly as XREADGROUP would, at a sixth of the cost when called from
+-- a script (callgrind, Redis 7.0: ~20k vs ~120k instructions); the order of
+-- delivery is the queue order that META's `ld` tracks. A missing group
+-- (deleted, or a new stream) is created again.
+function P:deliver(id)
+  local ok = redis.pcall('XCLAIM', self.Q, 'g', 'd', '0', id, 'FORCE', 'JUSTID')
+  if ok.err then
+    redis.call('XGROUP', 'CREATE', self.Q, 'g', '0', 'MKSTREAM')
+    redis.call('XCLAIM', self.Q, 'g', 'd', '0', id, 'FORCE', 'JUSTID')
+  end
+  self.ld = id
+  redis.call('HSET', self.META, 'ld', id)
+end
+
+-- The waiter `lid` stops being the hinted head (granted, dropped, left):
+-- take back a hint it has not read yet.
+function P:unhint(lid)
+  self:meta()
+  local h = self.hinted
+  if h[1] and string.sub(h[1], 1, #lid + 1) == lid .. '@' then
+    if h[3] ~= '' then
+      redis.call('LREM', h[2], '1', h[3])
+    end
+    redis.call('HDEL', self.META, 'hint', 'hintkey', 'hintmsg')
+    self.hinted = {false, false, false}
+  end
+end
+
+-- Stream ids `ms-seq`: is a later than b?
+function P.id_after(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if not am or not bm then
+    return false
+  end
+  am, bm = tonumber(am), tonumber(bm)
+  return am > bm or (am == bm and tonumber(as) > tonumber(bs))
+end
+
+-- The earliest score in a zset of times (1e15: none).
+function P:first(key)
+  return tonumber(redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')[2] or 1e15)
+end
+
+-- The head cannot be served now: tell it when to look again, so that it
+-- wakes then instead of polling. The time is `nh`, the lower bound on the
+-- next lease deadline or quarantine or throttle end (waking early costs one
+-- poll, which sets it right). The
+-- caller learns it from its reply; any other head is pushed a hint, once per
+-- head and time, and only if the event is nearer than the heartbeat by which
+-- it looks again anyway.
+function P:hint(t, self_lid, at)
+  local wake = at or self.nh
+  if wake >= 1e15 then
+    return
+  end
+  local delay = math.max(wake - self.now, 1)
+  local mine = t.l == self_lid
+  if mine then
+    self.self_hint = delay
+  end
+  -- Only a hint within the horizon is recorded: a later one is never
+  -- pushed, so there is nothing to guard against pushing twice (the caller
+  -- has its own in its reply; should another run come within the horizon
+  -- of the same time first, it pushes it once more, which costs the
+  -- waiter nothing). Most queued heads wait on a lease deadline far away:
+  -- they cost neither a record nor its removal at their grant.
+  if delay > self.HORIZON_MS then
+    return
+  end
+  local tag = t.l .. '@' .. wake
+  local h = self.hinted
+  if h[1] == tag then
+    return
+  end
+  if h[1] and h[3] ~= '' then
+    redis.call('LREM', h[2], '1', h[3])
+  end
+  -- The caller's reply carries its hint: record it (so no script pushes it
+  -- again) without pushing anything.
+  local key, msg = self.SIG .. t.c, ''
+  if not mine then
+    msg = 'h|' .. t.l .. '|' .. delay
+    redis.call('RPUSH', key, msg)
+  end
+  redis.call('HSET', self.META, 'hint', tag, 'hintkey', key, 'hintmsg', msg)
+  self.hinted = {tag, key, msg}
+end
+
+-- A client's presence, read only: 1 connected, 0 not, -1 nobody can tell
+-- (a client without a presence, or a server that cannot count).
+function P:presence_of(cid)
+  if string.sub(cid, 1, 2) ~= 'p.' then
+    return -1
+  end
+  local here = self:present(cid)
+  return here == nil and -1 or (here and 1 or 0)
+end
+
+-- The head `t` waits for its absent client's grace to end at `at`: the
+-- ticket behind it is told to look again then (the caller by its reply).
+function P:hint_next(t, at, self_lid)
+  local e = redis.call('XRANGE', self.Q, '(' .. t.id, '+', 'COUNT', 1)[1]
+  if e then
+    self:hint(self.ticket_of(e), self_lid, at)
+  end
+end
+
+-- A waiting ticket whose client is gone (its liveness mark ran out) leaves
+-- the queue; so does an entry that was never a waiter's (added or damaged
+-- by hand: no record names it). Only a ticket that is not granted: a
+-- granted one is a lease, which only ends through end_lease (it keeps
+-- `used` right); then false, and nothing is changed.
+function P:drop(t)
+  local raw = t.l and redis.call('HGET', self.RECS, t.l)
+  local mine = raw == 'W|' .. t.id
+  if raw and not mine and string.sub(raw, 1, #t.id + 3) == 'L|' .. t.id .. '|' then
+    return false
+  end
+  redis.call('XDEL', self.Q, t.id)
+  if t.x == '1' then
+    -- A place-holder entry of a multi request (see P:grant_many): it has
+    -- no record and is no waiter of its own.
+    self:extras(-1)
+    return true
+  end
+  if mine then
+    redis.call('HDEL', self.RECS, t.l)
+  end
+  if t.l then
+    self:unhint(t.l)
+  end
+  self.dropped = self.dropped + 1
+  self:note('dropped', 1)
+  self:event('drop', '', '', t.c or '', t.o)
+  return true
+end
+
+-- Can queue entry t be served: does it hold what a grant reads (a pool's
+-- user may add entries by hand)? A lease id and a client id; a ttl (kept as
+-- `tn` for the grant), and with a binding its ttl, numbers of ms in range;
+-- a count from 1 to 1000. What a grant only copies (the ttl's digits, a
+-- client id) can at worst spoil the record of the lease granted by it,
+-- which the scripts then treat as damaged (P:lease_load): never the pool.
+-- A place-holder needs only its lease id, client id and mark.
+function P.ticket_ok(t)
+  if not t.l or not t.c then
+    return false
+  elseif t.x then
+    return t.x == '1'
+  end
+  -- (Each test is written so that NaN fails it.)
+  local n = tonumber(t.t)
+  if not (n and n >= 1 and n <= 315360000000) then
+    return false
+  end
+  t.tn = n
+  if t.b then
+    n = tonumber(t.B)
+    if not (n and n >= 1 and n <= 315360000000) then
+      return false
+    end
+  end
+  if t.n then
+    n = tonumber(t.n)
+    return n ~= nil and n >= 1 and n <= 1000 and n % 1 == 0
+  end
+  return true
+end
