@@ -11,6 +11,7 @@ from ._core.keys import acl_key_pattern
 from ._scripts import load_functions, load_functions_async
 from ._sync import FairAllocator
 from ._values import ClientInfo, GCReport, Lease, LeaseInfo, PoolStats, PoolStatus, ResourceStatus
+from ._version import __version__ as __version__
 from .errors import (
     AcquireTimeout,
     AllocatorError,
@@ -20,8 +21,6 @@ from .errors import (
     SeveralLeases,
     UnknownResource,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeout",

@@ -18,9 +18,10 @@ from typing import Any, Literal, TypeVar, overload
 
 from ._acompat import APause, AWorker, acheck_client
 from ._async_admin import AsyncAdmin
-from ._async_io import Reader, readers_of, senders_of
-from ._core.liveness import presence_budget
+from ._async_io import senders_of
+from ._async_reader import Reader, readers_of
 from ._core.pool import Pool
+from ._core.presence import presence_budget
 from ._core.steps import Flow
 from ._scripts import scripts
 from ._transport import bound_client_retries, is_sentinel

@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from ._acompat import Pause, Worker, check_client
-from ._core.liveness import presence_budget
 from ._core.pool import Pool
+from ._core.presence import presence_budget
 from ._core.steps import Flow
 from ._scripts import scripts
 from ._sync_admin import Admin
-from ._sync_io import Reader, readers_of, senders_of
+from ._sync_io import senders_of
+from ._sync_reader import Reader, readers_of
 from ._transport import bound_client_retries, is_sentinel
 from ._values import Lease
 from .errors import LeaseLost

@@ -76,6 +76,7 @@ RENAMES = {
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "_async_io": "_sync_io",
+    "_async_reader": "_sync_reader",
 }
 
 #: Text of docstrings and comments (never of f-strings), asyncio's and the
