@@ -52,7 +52,11 @@ COMPAT = PACKAGE / "_acompat.py"
 COMMAND = "python docs/scripts/async_to_sync.py"
 
 #: The asyncio modules of allocator/ and the blocking ones made from them.
-PAIRS = [("_async.py", "_sync.py"), ("_async_admin.py", "_sync_admin.py")]
+PAIRS = [
+    ("_async.py", "_sync.py"),
+    ("_async_admin.py", "_sync_admin.py"),
+    ("_async_keepalive.py", "_sync_keepalive.py"),
+]
 
 
 def source_mark(target: str) -> str:
