@@ -27,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core.pending import CLOSE_WAIT, TRY, Ends
 from ._core.replicas import confirming, moved
+from ._core.retry import reset_by_peer
 from ._core.steps import (
     Call,
     Command,
@@ -38,6 +39,7 @@ from ._core.steps import (
     Step,
     Wait,
 )
+from ._probe import refine
 from ._scripts import Scripts, scripts
 from ._transport import (
     is_cluster,
@@ -76,7 +78,22 @@ class Waiting(Protocol):
 async def run_step(
     client: Any, scripts: Scripts, step: Step, reader: Callable[[], Waiting] | None
 ) -> Any:
-    """Same as the sync shell's ``_step``, awaitable."""
+    """Same as the sync shell's ``run_step``, awaitable (the probe of a
+    reset connection runs in a thread)."""
+    try:
+        return await _run_step(client, scripts, step, reader)
+    except RedisConnectionError as exc:
+        if not reset_by_peer(exc):
+            raise
+        refined = await asyncio.to_thread(refine, client, exc)
+        if refined is exc:
+            raise
+        raise refined from exc
+
+
+async def _run_step(
+    client: Any, scripts: Scripts, step: Step, reader: Callable[[], Waiting] | None
+) -> Any:
     if isinstance(step, Call):
         with no_client_retries():
             if step.deadline is None:

@@ -48,6 +48,7 @@ from ._core.steps import (
     Step,
     Wait,
 )
+from ._probe import refine
 from ._scripts import Scripts, scripts
 from ._transport import (
     is_cluster,
@@ -87,7 +88,20 @@ def run_step(
     client: Any, scripts: Scripts, step: Step, reader: Callable[[], Waiting] | None
 ) -> Any:
     """Carry out one step of a flow; ``reader`` gives the client's reader
-    for a Wait."""
+    for a Wait. A connection that a server speaking TLS reset raises
+    ``PlainTextToTLS``, which no retry mends (allocator/_probe.py)."""
+    try:
+        return _run_step(client, scripts, step, reader)
+    except RedisConnectionError as exc:
+        refined = refine(client, exc)
+        if refined is exc:
+            raise
+        raise refined from exc
+
+
+def _run_step(
+    client: Any, scripts: Scripts, step: Step, reader: Callable[[], Waiting] | None
+) -> Any:
     if isinstance(step, Call):
         due = step.deadline
         with no_client_retries():

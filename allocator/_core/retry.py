@@ -83,6 +83,36 @@ TRANSIENT_ERRORS = (
     SlotNotCoveredError,
 )
 
+
+class PlainTextToTLS(RedisConnectionError):
+    """A client that speaks plain text connected to a server that speaks
+    TLS (its connection reset at the first reply, and a probe of the
+    address completed a TLS handshake: allocator/_probe.py). No retry mends
+    it: the client needs a ``rediss://`` URL (``ssl=True``)."""
+
+
+#: What a server does to a connection it will not talk to: redis-py's
+#: words for a connection reset, or closed before the first reply.
+_RESET_TEXTS = ("Connection reset by peer", "Connection closed by server")
+
+
+def reset_by_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a transport error of a connection the server
+    reset or closed (as a TLS port does to a client that speaks plain
+    text); the shells then ask whether the server speaks TLS."""
+    if not isinstance(error, RedisConnectionError) or isinstance(error, PERMANENT_ERRORS):
+        return False
+    seen: BaseException | None = error
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionResetError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    text = str(error)
+    return any(marker in text for marker in _RESET_TEXTS)
+
+
 #: Misconfigurations that no retry mends: a wrong password or user, an ACL
 #: that refuses a command or key, a TLS handshake or certificate refused.
 #: redis-py makes the first two subclasses of its ``ConnectionError``.
@@ -93,6 +123,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     NoPermissionError,
     ssl.SSLError,
     ssl.CertificateError,
+    PlainTextToTLS,
 )
 try:  # redis-py >= 5.1
     from redis.exceptions import ExternalAuthProviderError
