@@ -20,6 +20,7 @@ from ._values import (
     ResourceStatus,
     TenantStatus,
 )
+from ._version import __version__ as __version__
 from .errors import (
     AcquireTimeout,
     AllocatorError,
@@ -29,8 +30,6 @@ from .errors import (
     SeveralLeases,
     UnknownResource,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeout",

@@ -16,11 +16,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal, TypeVar, overload
 
-from ._acompat import APause, AWorker, acheck_client
+from ._acompat import acheck_client
 from ._async_admin import AsyncAdmin
-from ._async_io import Reader, readers_of, senders_of
-from ._core.liveness import presence_budget
+from ._async_io import senders_of
+from ._async_keepalive import Keeper
+from ._async_reader import Reader, readers_of
 from ._core.pool import Pool
+from ._core.presence import presence_budget
 from ._core.steps import Flow
 from ._scripts import scripts
 from ._transport import bound_client_retries, is_sentinel
@@ -361,7 +363,7 @@ class AsyncFairAllocator(AsyncAdmin):
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
         held = await self.acquire(timeout, ttl=ttl, bind=bind, owner=owner, tenant=tenant)
-        keeper = _Keeper(self, held) if keepalive else None
+        keeper = Keeper(self, held) if keepalive else None
         try:
             yield held
         except BaseException:
@@ -484,7 +486,7 @@ class AsyncFairAllocator(AsyncAdmin):
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
         held = await self.acquire_many(count, timeout, ttl=ttl, owner=owner, tenant=tenant)
-        keepers = [_Keeper(self, lease) for lease in held] if keepalive else []
+        keepers = [Keeper(self, lease) for lease in held] if keepalive else []
         try:
             yield held
         except BaseException:
@@ -607,28 +609,3 @@ class AsyncFairAllocator(AsyncAdmin):
         released = await self._drive(self._pool.release(lease, quarantine, reader.lost))
         reader.unhold(lease)
         return released
-
-
-class _Keeper:
-    """Renews a lease every ttl/3 from a task until stopped."""
-
-    def __init__(self, owner: AsyncFairAllocator, lease: Lease) -> None:
-        self._owner = owner
-        self._lease = lease
-        self._lost: LeaseLost | None = None
-        self._worker = AWorker(self._run, f"allocator-keepalive-{lease.resource}")
-
-    async def _run(self, pause: APause) -> None:
-        while await pause(self._lease.ttl / 3):
-            try:
-                self._lease = await self._owner.renew(self._lease)
-            except LeaseLost as lost:
-                self._lost = lost
-                return
-            except Exception:  # a transport error: try again next interval
-                continue
-
-    async def stop(self) -> LeaseLost | None:
-        """Stop renewing; returns the LeaseLost a renewal met, if any."""
-        await self._worker.stop()
-        return self._lost

@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from ._async_io import Reader, drive, reader_for, run_step
+from ._async_io import drive, run_step
+from ._async_reader import Reader, reader_for
 from ._core.keys import pool_names, pools_pattern
 from ._core.pool import Pool
 from ._core.retry import RETRY_BUDGET

@@ -2,7 +2,7 @@
 connection, one per reader, that a process keeps subscribed to a channel
 per pool it waits in, so that the server tells its death (the kernel
 closes its sockets) from a stall. The scripts count the channel's subscribers; the decisions (which
-id, when to subscribe again) are the hub's (allocator/_core/hub.py). Sync
+id, when to subscribe again) are the reader's (allocator/_core/reader.py). Sync
 and asyncio, as the shells use them."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _message(reply: Any) -> str | None:
 def refused(client: Any, error: BaseException) -> bool:
     """Whether ``error`` says that ``client``'s one server refused a
     connection (it was not running): not for a cluster or Sentinel client,
-    whose server may have changed (allocator/_core/holding.py)."""
+    whose server may have changed (allocator/_core/presence.py)."""
     if is_cluster(client) or is_sentinel(client):
         return False
     seen: BaseException | None = error

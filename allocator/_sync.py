@@ -16,13 +16,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
-from ._acompat import Pause, Worker, check_client
-from ._core.liveness import presence_budget
+from ._acompat import check_client
 from ._core.pool import Pool
+from ._core.presence import presence_budget
 from ._core.steps import Flow
 from ._scripts import scripts
 from ._sync_admin import Admin
-from ._sync_io import Reader, readers_of, senders_of
+from ._sync_io import senders_of
+from ._sync_keepalive import Keeper
+from ._sync_reader import Reader, readers_of
 from ._transport import bound_client_retries, is_sentinel
 from ._values import Lease
 from .errors import LeaseLost
@@ -361,7 +363,7 @@ class FairAllocator(Admin):
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
         held = self.acquire(timeout, ttl=ttl, bind=bind, owner=owner, tenant=tenant)
-        keeper = _Keeper(self, held) if keepalive else None
+        keeper = Keeper(self, held) if keepalive else None
         try:
             yield held
         except BaseException:
@@ -484,7 +486,7 @@ class FairAllocator(Admin):
         if not isinstance(keepalive, bool):
             raise TypeError(f"keepalive must be a bool, not {type(keepalive).__name__}")
         held = self.acquire_many(count, timeout, ttl=ttl, owner=owner, tenant=tenant)
-        keepers = [_Keeper(self, lease) for lease in held] if keepalive else []
+        keepers = [Keeper(self, lease) for lease in held] if keepalive else []
         try:
             yield held
         except BaseException:
@@ -607,28 +609,3 @@ class FairAllocator(Admin):
         released = self._drive(self._pool.release(lease, quarantine, reader.lost))
         reader.unhold(lease)
         return released
-
-
-class _Keeper:
-    """Renews a lease every ttl/3 from a daemon thread until stopped."""
-
-    def __init__(self, owner: FairAllocator, lease: Lease) -> None:
-        self._owner = owner
-        self._lease = lease
-        self._lost: LeaseLost | None = None
-        self._worker = Worker(self._run, f"allocator-keepalive-{lease.resource}")
-
-    def _run(self, pause: Pause) -> None:
-        while pause(self._lease.ttl / 3):
-            try:
-                self._lease = self._owner.renew(self._lease)
-            except LeaseLost as lost:
-                self._lost = lost
-                return
-            except Exception:  # a transport error: try again next interval
-                continue
-
-    def stop(self) -> LeaseLost | None:
-        """Stop renewing; returns the LeaseLost a renewal met, if any."""
-        self._worker.stop()
-        return self._lost

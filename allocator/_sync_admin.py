@@ -15,7 +15,8 @@ from ._core.pool import Pool
 from ._core.retry import RETRY_BUDGET
 from ._core.steps import Command, Flow, Step
 from ._scripts import Scripts, scripts
-from ._sync_io import Reader, drive, reader_for, run_step
+from ._sync_io import drive, run_step
+from ._sync_reader import Reader, reader_for
 from ._transport import is_cluster
 from ._values import ClientInfo, GCReport, LeaseInfo, PoolStats, PoolStatus
 

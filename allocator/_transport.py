@@ -45,7 +45,7 @@ from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
 from redis.sentinel import SentinelConnectionPool
 
-from ._core.liveness import HEARTBEAT_PRESENT
+from ._core.presence import HEARTBEAT_PRESENT
 
 __all__ = [
     "bound_client_retries",
@@ -57,6 +57,7 @@ __all__ = [
     "keeps_presence",
     "no_client_retries",
     "pooled",
+    "reader_heartbeat",
 ]
 
 _ONE_TRY: contextvars.ContextVar[bool] = contextvars.ContextVar("allocator_one_try", default=False)
@@ -236,6 +237,14 @@ def heartbeat_for(client: Any) -> float:
     if isinstance(socket_timeout, (int, float)) and socket_timeout > 0:
         return max(0.01, min(HEARTBEAT_PRESENT, socket_timeout / 2))
     return HEARTBEAT_PRESENT
+
+
+def reader_heartbeat(client: Any) -> float:
+    """How often a client's reader beats at the longest: the heartbeat of a
+    client that keeps a presence, or on a cluster, whose blocking reads
+    redis-py bounds by the client's socket timeout, :func:`heartbeat_for`
+    (the reader of any other client waits for its reply itself)."""
+    return heartbeat_for(client) if is_cluster(client) else HEARTBEAT_PRESENT
 
 
 def in_process(client: Any) -> bool:

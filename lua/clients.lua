@@ -7,7 +7,7 @@
 --
 -- For each client the row carries its liveness mark (ALIVE's score: the
 -- time of its last heartbeat plus the mark's length, which the caller knows
--- from the id, allocator/_core/liveness.py), its presence, and what it said
+-- from the id, allocator/_core/presence.py), its presence, and what it said
 -- of itself when it joined the pool (RECS field `i|<cid>`, acquire.lua:
 -- `<joined ms>|<pid>|<version>|<host>`).
 --

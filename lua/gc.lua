@@ -70,28 +70,33 @@ end
 
 -- Damaged fields of META and STATS.
 local m = redis.call('HMGET', P.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg', 'xw',
-  'bhit', 'bmiss', 'wseq', 'epoch', 'ord', 'oo', 'oc')
--- (The tenant order, prelude_tenants.lua: an order no script writes is
--- fifo; a damaged `oo` is the last ticket granted, so that P:peek steps
--- over every granted one; a damaged build cursor restarts the build.)
-if m[12] and m[12] ~= 't' and m[12] ~= 'b' and m[12] ~= 'f' then
-  redis.call('HDEL', P.META, 'ord', 'oc')
-  m[12], m[14] = false, false
+  'bhit', 'bmiss', 'wseq', 'epoch', 'ord', 'oc')
+-- (The tenant order, prelude_tenants.lua: `ord` no script writes is fifo,
+-- with P:peek stepping over every granted ticket (from `ld`, which is then
+-- no longer the last granted in queue order: `oo`, the last pending one);
+-- a damaged build cursor restarts the build.)
+local ordered = m[12]
+local state, rest = string.match(m[12] or '', '^([tbf]?)(.*)$')
+if m[12] and not ((rest == '' and state ~= '') or
+    (string.sub(rest, 1, 1) == '|' and P.is_id(string.sub(rest, 2)))) then
+  local p = redis.pcall('XPENDING', P.Q, 'g')
+  if not p.err and p[3] then
+    redis.call('HSET', P.META, 'ord', '|' .. p[3])
+  else
+    redis.call('HDEL', P.META, 'ord')
+  end
+  redis.call('HDEL', P.META, 'oc')
+  m[13] = false
   repaired = repaired + 1
 end
 if m[13] and not P.is_id(m[13]) then
-  local p = redis.pcall('XPENDING', P.Q, 'g')
-  redis.call('HSET', P.META, 'oo', not p.err and p[3] or '0-0')
-  repaired = repaired + 1
-end
-if m[14] and not P.is_id(m[14]) then
   redis.call('HDEL', P.META, 'oc')
   repaired = repaired + 1
 end
 if m[1] and not P.is_id(m[1]) then
   -- (Under the tenant order, or after it, grants left queue order: the
   -- start of the queue, where P:peek steps over the granted tickets.)
-  redis.call('HSET', P.META, 'ld', (m[12] or m[13]) and '0-0' or P:last_granted())
+  redis.call('HSET', P.META, 'ld', ordered and '0-0' or P:last_granted())
   repaired = repaired + 1
 end
 for i = 2, 3 do

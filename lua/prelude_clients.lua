@@ -114,7 +114,7 @@ end
 -- Tell the holder of lease `lid` that it ended (revoked, reclaimed, its
 -- resource removed or its pool deleted by force): `e|<lease id>` on its
 -- client's presence channel, which its presence connection already
--- listens to (allocator/_core/holding.py, `Holds.ended`), so that its
+-- listens to (allocator/_core/presence.py, `Holds.ended`), so that its
 -- `lost()` turns true at once. SPUBLISH where P:present counts with
 -- SHARDNUMSUB, PUBLISH on 6.2. Only for a client that keeps a presence;
 -- a failure (an ACL without the channel) tells nobody and changes nothing.

@@ -17,7 +17,7 @@ P.PICKUP_MS = 2000
 -- absent, no subscriber on that channel, is gone this long after it was
 -- first found so: long enough for a reconnect (a restart or a failover
 -- drops every connection at once), short enough that a dead waiter holds
--- nobody up for long. GRACE in allocator/_core/liveness.py.
+-- nobody up for long. GRACE in allocator/_core/presence.py.
 P.GRACE_MS = 1000
 -- A lease whose holder asked for it to end when its process is gone
 -- (`reclaim_on_disconnect`: its ticket has the field `e`, and its client
@@ -36,7 +36,7 @@ P.DROP_LIMIT = 200
 P.SWEEP = 128
 -- Hints are pushed only for events this close; a waiter looks again by
 -- itself at least this often (its reader's heartbeat: HEARTBEAT_PRESENT in
--- allocator/_core/liveness.py), so a later event is met then, at no cost to
+-- allocator/_core/presence.py), so a later event is met then, at no cost to
 -- the grant path.
 P.HORIZON_MS = 2000
 -- Expired leases and ended quarantines handled per pass on a hot path;
@@ -46,9 +46,13 @@ P.BATCH = 64
 -- DROP_LIMIT with dead tickets left at the head.
 P.reclaimed, P.dropped, P.more = 0, 0, false
 -- META, read by P:meta (`ld` false: not read yet); the hint last given
--- ({tag, key, msg}); the caller's own hint (P:hint); the time as hex
+-- ({tag, key, msg}; false: not read yet, P:hints; NO_HINT: none, never
+-- changed in place); the caller's own hint (P:hint); the time as hex
 -- (P:now_stamp).
 P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+P.NO_HINT, P.hint_tag = {false, false, false}, false
+-- Resource record text -> its `rv` (P:counts); [1]: how many it holds.
+P.RV_OF = {0}
 -- The length of the pool's event log (META `ev`), false while it is off.
 P.ev = false
 -- The pool's order (META `ord`, prelude_tenants.lua): false for `fifo`, 't'

@@ -51,7 +51,8 @@ function P:grant(t, best, self_lid)
   -- The floor is the common case; a second grant in the same microsecond
   -- (capacity > 1) takes the next number.
   local token = self.now_s
-  local fence = tonumber(r.fence)
+  -- (Digits: P:res_load checked them, and a stuck resource is never granted.)
+  local fence = r.fence + 0
   if fence >= self.now_us then
     token = string.format('%.0f', fence + 1)
     if tonumber(token) >= 9007199254740992 then
@@ -70,7 +71,7 @@ function P:grant(t, best, self_lid)
   self:place(name, r, true)
   self:res_save(name, r)
 
-  local deadline = self.now + (t.tn or tonumber(t.t))
+  local deadline = self.now + (t.tn or t.t)
   local dl = self.istr(deadline)
   local L = {
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
@@ -133,7 +134,9 @@ function P:serve(self_lid, waits)
   if not self_lid and not waits and self:waiting() <= 0 then
     return nil
   end
-  self:meta()
+  if not self.ld then
+    self:meta()
+  end
   local drops = 0
   -- Clients found gone in this run: a crowd's tickets are dropped without
   -- asking again for each (a client has many waiters, one after another).

@@ -4,34 +4,60 @@
 
 -- The pool's bookkeeping in META, read once per run: the last ticket
 -- delivered (granted) in queue order, the lower bounds `nd` and `nh` (see
--- P:schedule), and the hint last pushed to a queue head ({tag, key, msg}).
--- A damaged field is read so that nothing is lost: `nd` or `nh` that is no
--- time as 0 (maintenance runs, and writes them right); a hint without its
--- list (or a list that is no signal list of the pool) as none; `ld` that is
--- no stream id is met where it is used (P:peek).
+-- P:schedule) and the length of the event log. A damaged field is read so
+-- that nothing is lost: `nd` or `nh` that is no time as 0 (maintenance
+-- runs, and writes them right); `ld` that is no stream id is met where it
+-- is used (P:peek). Read once: a helper that needs META calls it only
+-- while `ld` is false (a method call costs about 450 instructions, the
+-- test about 130). Each field of an HMGET costs about 2,000 instructions
+-- (its lookup in the hash, its place in the reply table): of the hint,
+-- only its tag is read here, and its list and message where there is one
+-- (P:hints).
 function P:meta()
   if not self.ld then
-    -- (The hint first: the reply is kept as `hinted`, {tag, key, msg}.)
-    local m = redis.call('HMGET', self.META, 'hint', 'hintkey', 'hintmsg', 'ld', 'nd', 'nh', 'ev',
-      'ord', 'oo')
-    self.ld = m[4] or '0-0'
-    local nd, nh = tonumber(m[5] or 0), tonumber(m[6] or 0)
+    local m = redis.call('HMGET', self.META, 'ld', 'nd', 'nh', 'ev', 'hint', 'ord')
+    self.ld = m[1] or '0-0'
+    local nd, nh = tonumber(m[2] or 0), tonumber(m[3] or 0)
     self.nd = nd and nd <= 1e15 and nd or 0
     self.nh = nh and nh <= 1e15 and nh or 0
-    if m[7] then
+    if m[4] then
       -- (Set only when on: a field of P costs every run that sets it.)
-      self.ev = string.find(m[7], '^[1-9]%d?%d?%d?%d?%d?%d?%d?$') and m[7] or false
+      self.ev = string.find(m[4], '^[1-9]%d?%d?%d?%d?%d?%d?%d?$') and m[4] or false
     end
-    if m[8] or m[9] then
-      -- (The tenant order, prelude_tenants.lua: set only where it is used.)
-      self.ord = (m[8] == 't' or m[8] == 'b' or m[8] == 'f') and m[8] or false
-      self.oo = m[9] and self.is_id(m[9]) and m[9] or false
+    if m[6] then
+      -- (The tenant order, prelude_tenants.lua: `<t|b|f>` and `|<oo>`, one
+      -- field; set only where it is used. Anything else is fifo.)
+      local ord, oo = string.match(m[6], '^([tbf]?)|?(.*)$')
+      self.ord = ord and ord ~= '' and ord or false
+      self.oo = oo and oo ~= '' and self.is_id(oo) and oo or false
     end
-    if m[1] and not (m[2] and m[3] and string.sub(m[2], 1, #self.SIG) == self.SIG) then
-      m[1] = false
+    if m[5] then
+      self.hint_tag = m[5]
     end
-    self.hinted = m
   end
+end
+
+-- The hint last given to a queue head, {tag, key, msg} (tag false: none):
+-- its list and message are read on first need, and only if META has a
+-- hint (P:meta read its tag; most runs find none). A hint without its list
+-- (or a list that is no signal list of the pool) is read as none.
+function P:hints()
+  local h = self.hinted
+  if not h then
+    if not self.ld then
+      self:meta()
+    end
+    h = self.NO_HINT
+    local tag = self.hint_tag
+    if tag then
+      local m = redis.call('HMGET', self.META, 'hintkey', 'hintmsg')
+      if m[1] and m[2] and string.sub(m[1], 1, #self.SIG) == self.SIG then
+        h = {tag, m[1], m[2]}
+      end
+    end
+    self.hinted = h
+  end
+  return h
 end
 
 -- The pool's event log (KEYS[16], a stream), where its operator switched it
@@ -42,7 +68,9 @@ end
 -- the server time. Never the lease id: it gives power over the lease, and
 -- the log is read by whoever may read the pool. Off, it costs a test.
 function P:event(kind, res, token, cid, owner)
-  self:meta()
+  if not self.ld then
+    self:meta()
+  end
   if self.ev then
     -- KEYS[16], made from KEYS[15] (`<p>:stats`): a field of P for it would
     -- cost every run of every script, the log being off or not.
@@ -102,7 +130,9 @@ end
 -- that XRANGE refuses (damage) is read as P:last_granted has it. (pcall
 -- costs what call does: the check is free while nothing is wrong.)
 function P:peek()
-  self:meta()
+  if not self.ld then
+    self:meta()
+  end
   local e = redis.pcall('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
   if e.err then
     -- ('Invalid stream ID'; 'invalid start ID' for the greatest id.) Any
@@ -143,21 +173,20 @@ function P:deliver(id)
     -- (After the tenant order) past the last ticket it may have granted
     -- out of queue order: P:peek need not step over any more.
     self.oo = false
-    redis.call('HDEL', self.META, 'oo')
+    self:tenant_save()
   end
 end
 
 -- The waiter `lid` stops being the hinted head (granted, dropped, left):
 -- take back a hint it has not read yet.
 function P:unhint(lid)
-  self:meta()
-  local h = self.hinted
+  local h = self:hints()
   if h[1] and string.sub(h[1], 1, #lid + 1) == lid .. '@' then
     if h[3] ~= '' then
       redis.call('LREM', h[2], '1', h[3])
     end
     redis.call('HDEL', self.META, 'hint', 'hintkey', 'hintmsg')
-    self.hinted = {false, false, false}
+    self.hinted = self.NO_HINT
   end
 end
 
@@ -204,7 +233,7 @@ function P:hint(t, self_lid, at)
     return
   end
   local tag = t.l .. '@' .. wake
-  local h = self.hinted
+  local h = self:hints()
   if h[1] == tag then
     return
   end

@@ -55,13 +55,14 @@ function P:res_load(name, raw)
   end
   local cap, score, used, fence, state, untl, stamp, rc, rw, rv = raw:match(
     '^(%d+)|([^|]+)|(%d+)|(%d+)|([aqtd])|(%d+)|(%x*)|(%d+)|(%d+)|(%d+)$')
-  local n = cap and #cap <= 10 and tonumber(cap)
+  -- (`+ 0`: digits the match checked, for a third of what tonumber costs.)
+  local n = cap and #cap <= 10 and cap + 0
   if not n or n < 1 or n > 2147483648 or (#stamp ~= 0 and #stamp ~= 14) or
       (#rc > 1 and rc:byte(1) == 48) then
     r = self:res_mend(name, raw)
   else
     r = {
-      cap = n, score = score, used = tonumber(used), fence = fence, state = state,
+      cap = n, score = score, used = used + 0, fence = fence, state = state,
       untl = untl, stamp = stamp, rc = rc, rw = rw, rv = rv, cs = cap,
     }
     if #fence > 15 and (#fence > 16 or fence >= '9007199254740992') then
@@ -186,7 +187,9 @@ end
 function P:schedule(key, at, member, text, wakes)
   text = text or self.istr(at) or at
   redis.call('ZADD', key, text, member)
-  self:meta()
+  if not self.ld then
+    self:meta()
+  end
   if at < self.nd then
     self.nd = at
     redis.call('HSET', self.META, 'nd', text)
@@ -288,7 +291,7 @@ end
 -- table: a table would be built on every run of every script. A wait of 0
 -- ms (the uncontended grant) adds nothing to the sum: one HINCRBY.
 function P:count_wait(ticket)
-  local w = self.now - tonumber(string.match(ticket, '^(%d+)'))
+  local w = self.now - string.match(ticket, '^(%d+)')
   local f = 'w0'
   if w <= 5 then f = 'w1'
   elseif w <= 10 then f = 'w2'

@@ -35,7 +35,7 @@
 -- order, so `ld` stays where every ticket before it is not waiting
 -- (P:deliver), and P:peek steps over the granted tickets after it
 -- (P:tenant_skip); back under `fifo`, it does so until a grant passes the
--- last ticket leased at the switch (META `oo`).
+-- last ticket leased at the switch (`oo`, in META `ord`: P:tenant_save).
 
 -- The upkeep of the index for ticket `id` of tenant T (`op`):
 -- 'join'  it waits: in its tenant's line; a tenant that did not wait enters
@@ -151,8 +151,21 @@ function P:tenant_line(op, T, id, mend)
   -- index is kept until it empties: then it goes, and with it the upkeep.
   if removed and self.ord == 'f' and redis.call('EXISTS', tw) == 0 then
     redis.call('DEL', tq)
-    redis.call('HDEL', self.META, 'ord', 'oc')
+    redis.call('HDEL', self.META, 'oc')
     self.ord = false
+    self:tenant_save()
+  end
+end
+
+-- META `ord`, one field that P:meta reads with the rest: the order (`t`,
+-- `b`, `f`; none: fifo) and `|<oo>` while P:peek steps over tickets granted
+-- out of queue order; removed when it would be empty.
+function P:tenant_save()
+  local v = (self.ord or '') .. (self.oo and '|' .. self.oo or '')
+  if v == '' then
+    redis.call('HDEL', self.META, 'ord')
+  else
+    redis.call('HSET', self.META, 'ord', v)
   end
 end
 

@@ -26,7 +26,7 @@ if not L or L.ticket ~= ticket then
   P:dispatch(nil)
   return {'lost'}
 end
-if L.deadline <= P.now or not P.counted(L, P:res_load(L.res)) then
+if L.deadline <= P.now or not P:counts(L) then
   P:end_and_settle(lid, L)
   if L.deadline <= P.now then
     P:event('expire', L.res, L.token, L.cid)
@@ -37,7 +37,9 @@ end
 L.deadline = P.now + ttl
 local dl = P.istr(L.deadline)
 -- Renewing, the holder shows it has the grant.
-P:claim(lid, L, P.SIG .. L.cid)
+if L.pickup == '1' then
+  P:claim(lid, L, P.SIG .. L.cid)
+end
 P:lease_save(lid, L, dl)
 P:schedule(P.EXP, L.deadline, lid, dl)
 P:dispatch(nil)

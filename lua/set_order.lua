@@ -11,7 +11,8 @@
 -- `fifo` a while ago, `ord` = 'f': it is kept until it empties), at once.
 -- To `fifo`: at once; the index is kept until it empties (`ord` = 'f'),
 -- and since grants left queue order, P:peek steps over granted tickets
--- until a grant passes the last one granted now (META `oo`).
+-- until a grant passes the last one leased now (`oo`, kept with the order
+-- in META `ord`: P:tenant_save).
 --
 -- ARGV: order ('fifo' | 'tenant'), count (tickets indexed per run, 1 to 1000)
 -- Reply: {'order', 'fifo'} | {'order', 'tenant'} | {'order', 'building'}
@@ -33,18 +34,19 @@ if order == 'fifo' then
     -- nothing was granted).
     local p = redis.pcall('XPENDING', P.Q, 'g')
     if not p.err and p[3] then
-      redis.call('HSET', P.META, 'oo', p[3])
+      P.oo = p[3]
     end
   end
   if P.ord == 't' or P.ord == 'b' then
     P.ord = 'f'
-    redis.call('HSET', P.META, 'ord', 'f')
     -- An index with nobody in it goes at once (else with its last waiter,
     -- P:tenant_line).
     if redis.call('EXISTS', tw) == 0 then
       redis.call('DEL', string.sub(P.STATS, 1, -6) .. 'tq')
-      redis.call('HDEL', P.META, 'ord', 'oc')
+      redis.call('HDEL', P.META, 'oc')
+      P.ord = false
     end
+    P:tenant_save()
   end
   return {'order', 'fifo'}
 end
@@ -56,7 +58,7 @@ local from = redis.call('HGET', P.META, 'oc')
 if P.ord == 'f' and not from then
   -- The index was kept whole: the order changes at once.
   P.ord = 't'
-  redis.call('HSET', P.META, 'ord', 't')
+  P:tenant_save()
   P:dispatch(nil)
   return {'order', 'tenant'}
 end
@@ -67,7 +69,7 @@ if not P.ord or not (from and P.is_id(from) and P.id_after(from, P.ld)) then
 end
 if P.ord ~= 'b' then
   P.ord = 'b'
-  redis.call('HSET', P.META, 'ord', 'b')
+  P:tenant_save()
 end
 local n = tonumber(count)
 local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', n)
@@ -83,7 +85,7 @@ if #entries < n then
   -- Every waiting ticket is in the index: the order is `tenant` from the
   -- next grant on.
   P.ord = 't'
-  redis.call('HSET', P.META, 'ord', 't')
+  P:tenant_save()
   redis.call('HDEL', P.META, 'oc')
   P:dispatch(nil)
   return {'order', 'tenant'}

@@ -17,7 +17,7 @@ fake clock, and looks at the steps the core asked for.
 - :class:`Run`: one flow driven step by step (:func:`acquiring` makes an
   acquire's), the steps it yielded recorded; the ends it hands over are
   kept by the core's own ``Ends`` (:attr:`Run.ends`);
-- :class:`Reading`: a client's reader, its hub and its lead, carried out
+- :class:`Reading`: a client's reader, its core and its lead, carried out
   by hand;
 - the replies and messages of the scripts (:func:`queued`,
   :func:`granted`, :func:`grant_message`, :func:`alive`...), in the shapes
@@ -46,15 +46,15 @@ from redis.exceptions import ResponseError
 
 import allocator._core
 from allocator import Lease
-from allocator._core.hub import DUE_SLACK, Hub
 from allocator._core.keys import PICK
 from allocator._core.lead import LEAD, THREAD, Lead, block_for, step_error, take_item
 from allocator._core.liveness import ALIVE, HEARTBEAT
+from allocator._core.messages import RECHECK
 from allocator._core.pending import RIDE_OUT, Ends, end_key
 from allocator._core.pool import Pool
+from allocator._core.reader import DUE_SLACK, Reader
 from allocator._core.retry import MIN_TRY, SIDE_BUDGET
 from allocator._core.steps import (
-    RECHECK,
     Beat,
     Call,
     Defer,
@@ -86,10 +86,10 @@ __all__ = [
     "Deliver",
     "Ends",
     "Exchange",
-    "Hub",
     "Lead",
     "Pending",
     "Pool",
+    "Reader",
     "Reading",
     "Run",
     "Settle",
@@ -409,7 +409,7 @@ def acquiring(
 
 
 class Reading:
-    """The reader of one client, its decisions made by the core (``Hub``:
+    """The reader of one client, its decisions made by the core (``Reader``:
     the rounds; ``Lead``: which waiter carries them out) and its steps
     carried out by the test, as a shell's leading waiter does
     (``Reader._lead``): :meth:`next` asks for the step that waiter ``who``
@@ -424,8 +424,8 @@ class Reading:
 
     def __init__(self, clock: Clock, beat: float = HEARTBEAT) -> None:
         self.clock = clock
-        self.hub = Hub(beat)
-        self.lead = Lead(self.hub)
+        self.core = Reader(beat)
+        self.lead = Lead(self.core)
         self.inboxes: dict[str, Any] = {}
         self.releases: list[Call[Any]] = []
         #: Every step of the rounds carried out, in order.
@@ -433,7 +433,7 @@ class Reading:
 
     def cid(self, pool: Pool) -> str:
         """The client's id in ``pool``."""
-        return self.hub.cid_for(pool)
+        return self.core.presences.cid_for(pool)
 
     def key(self, pool: Pool) -> str:
         """The client's signal list in ``pool``."""
@@ -443,7 +443,7 @@ class Reading:
         """Waiter ``lid`` waits in ``pool`` (the shell registers it before
         its acquire's first step); its inbox."""
         inbox = self.inboxes[lid] = queue.SimpleQueue()
-        self.hub.register(pool, lid, inbox)
+        self.core.register(pool, lid, inbox)
         return inbox
 
     def take(self, lid: str) -> bool:
@@ -462,7 +462,7 @@ class Reading:
 
     def gone(self, lid: str) -> Any:
         """Waiter ``lid``'s acquire returned: it is known no more."""
-        self.hub.unregister(lid)
+        self.core.unregister(lid)
         self.inboxes.pop(lid, None)
         whom = self.lead.kick()
         if whom is not None and whom is not THREAD:

@@ -12,8 +12,15 @@ from typing import Any
 
 from harness import RECHECK, Call, Defer, Pending, Run, Settle, Sleep, Wait
 
-from allocator import AsyncFairAllocator, FairAllocator, _async_io, _sync_io
-from allocator._core.holding import Holds
+from allocator import (
+    AsyncFairAllocator,
+    FairAllocator,
+    _async_io,
+    _async_reader,
+    _sync_io,
+    _sync_reader,
+)
+from allocator._core.presence import Holds
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -71,11 +78,11 @@ def end_presence_watches() -> None:
     watch ends: a test that ends with leases held, perhaps on a server it
     stopped, must not leave a watch probing (and reconnecting) into the
     next test."""
-    for registry in (_sync_io._REGISTRY, _async_io._REGISTRY):
+    for registry in (_sync_reader._REGISTRY, _async_reader._REGISTRY):
         for readers in list(registry.values()):
             for reader in list(readers.values()):
                 reader.holds = Holds()
-                if isinstance(reader, _sync_io.Reader):
+                if isinstance(reader, _sync_reader.Reader):
                     watcher = reader._watcher
                     reader._unwatch.set()
                     if watcher is not None:
@@ -136,7 +143,7 @@ class Stepper(Run):
 
     def nudge(self) -> None:
         """Have the reader ask this waiter to look again (as after a data loss)."""
-        self.reader.hub.inbox(self.flow.lid).put(RECHECK)
+        self.reader.core.inbox(self.flow.lid).put(RECHECK)
 
 
 # -- an event loop in a thread, to drive async allocators from sync tests ---
@@ -226,7 +233,7 @@ def readers_quiet(*pools: Any, timeout: float = 10.0) -> None:
     waits for this, so that no reader outlives them and retries its last
     acknowledgement against a server that is gone (logging warnings into
     later tests)."""
-    from allocator._sync_io import reader_for
+    from allocator._sync_reader import reader_for
 
     readers = [reader_for(pool.client, pool._pool) for pool in pools]
     wait_until(lambda: not any(r.reading for r in readers), timeout, "the readers to end")

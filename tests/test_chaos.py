@@ -48,7 +48,8 @@ from _workers import CTX, chaos_worker, gc_loop, server_now
 from helpers import ticket_key, wait_until
 
 from allocator import FairAllocator
-from allocator._core.liveness import ALIVE, GRACE
+from allocator._core.liveness import ALIVE
+from allocator._core.presence import GRACE
 
 pytestmark = pytest.mark.real_redis
 

@@ -36,9 +36,8 @@ from helpers import Background, LoopThread, SyncView, wait_until
 from redis.cluster import key_slot
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease, UnknownResource
-from allocator._core.hub import present
-from allocator._core.liveness import ALIVE_PRESENT
 from allocator._core.pool import Pool
+from allocator._core.presence import ALIVE_PRESENT, present
 from allocator._core.steps import Call
 from allocator._scripts import OPERATIONS
 

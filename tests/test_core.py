@@ -27,10 +27,12 @@ from allocator import (
     PoolStatus,
     UnknownResource,
 )
-from allocator._core.hub import Hub
 from allocator._core.keys import _escape
-from allocator._core.liveness import HEARTBEAT, HEARTBEAT_PRESENT
+from allocator._core.liveness import HEARTBEAT
+from allocator._core.messages import target
 from allocator._core.pool import Pool
+from allocator._core.presence import HEARTBEAT_PRESENT
+from allocator._core.reader import Reader
 from allocator._core.replies import _tagged
 from allocator._scripts import OPERATIONS, PRELUDE, load_scripts
 from allocator._transport import heartbeat_for
@@ -250,7 +252,7 @@ def test_messages() -> None:
     assert pool._message(grant, "other", "5-1") is None
     assert pool._message("h|lid|250", "lid", "5-1") == 0.25
     assert pool._message("garbage", "lid", "5-1") is None
-    assert pool.message_target("garbage") == ""
+    assert target("garbage") == ""
     assert pool.release_message("h|lid|5") is None
     assert pool.release_message(grant) is not None
 
@@ -260,7 +262,7 @@ def test_the_first_round_after_a_failure_is_a_heartbeat() -> None:
     so subscribes again) as soon as the server answers, not up to a
     heartbeat later, which left a waiter absent past its grace now and
     then (test_recovery's appendonly restart lost a place)."""
-    hub = Hub(HEARTBEAT)
+    hub = Reader(HEARTBEAT)
     assert hub.beat_in(100.0) == HEARTBEAT
     hub.beaten(100.0, [])
     assert hub.beat_in(100.1) > 0
@@ -280,11 +282,11 @@ def test_a_client_that_keeps_a_presence_beats_rarely() -> None:
     """Waiting costs a client that keeps a presence a heartbeat every
     HEARTBEAT_PRESENT seconds; one judged by its mark alone beats every
     HEARTBEAT, and a reader serving both beats for the one that needs it."""
-    hub = Hub(HEARTBEAT_PRESENT)
+    hub = Reader(HEARTBEAT_PRESENT)
     present = Pool.create("a", lease_ttl=60, bind_ttl=60, prefix="alloc")
     plain = Pool.create("b", lease_ttl=60, bind_ttl=60, prefix="alloc")
-    hub.decide_presence(present, True)
-    hub.decide_presence(plain, False)
+    hub.presences.decide(present, True)
+    hub.presences.decide(plain, False)
     hub.register(present, "l1", None)
     assert hub.interval() == HEARTBEAT_PRESENT
     hub.register(plain, "l2", None)
@@ -400,16 +402,16 @@ def test_a_reader_left_with_acknowledgements_on_a_gone_server_ends(monkeypatch: 
     keeps them."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from allocator._core import hub as hub_module
+    from allocator._core import reader as reader_module
     from allocator._core.liveness import ACK_GIVE_UP, HEARTBEAT
 
     clock = [1000.0]
-    monkeypatch.setattr(hub_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(reader_module.time, "monotonic", lambda: clock[0])
     pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
     down = RedisConnectionError("Connection refused")
 
     def hub_with_a_pending_ack() -> Any:
-        hub = hub_module.Hub(HEARTBEAT)
+        hub = reader_module.Reader(HEARTBEAT)
         hub.register(pool, "lid-1", object())
         grant = "g|lid-1|1-0|7|1|60000|r"
         _inbox, item, _ = hub.route(pool.signal_key(hub.cid), grant, clock[0])

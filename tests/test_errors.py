@@ -522,3 +522,84 @@ def test_async_library_calls_skip_the_clients_retries(server: RedisServer, pool_
     library, used, reference = asyncio.run(scenario())
     assert library == 0
     assert used == reference
+
+
+@pytest.fixture(scope="module")
+def tls_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A private redis-server that speaks plain text on its own port and TLS
+    on the port given (a throw-away self-signed certificate)."""
+    import shutil
+    import subprocess
+
+    from allocator._server import free_port
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not on PATH (it makes the server's certificate)")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    port = free_port()
+    server = RedisServer(
+        extra_args=["--tls-port", str(port), "--tls-cert-file", str(cert),
+                    "--tls-key-file", str(key), "--tls-auth-clients", "no"]
+    )  # fmt: skip
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(f"this redis-server speaks no TLS: {exc}")
+    try:
+        yield port
+    finally:
+        server.stop()
+
+
+def test_a_plain_text_client_of_a_tls_port_fails_at_once_not_at_its_timeout(
+    tls_port: int, pool_name: str
+) -> None:
+    """The server resets the connection at its first reply, which alone
+    looks transient; a probe of the address finds it speaks TLS, and the
+    call raises at once, saying so, where it retried until its timeout
+    (for ever without one)."""
+    from allocator._core.retry import PlainTextToTLS
+
+    client = redis.Redis(port=tls_port)
+    pool = FairAllocator(client, pool_name)
+    # A timeout far longer than the guard: the call must not use it up.
+    with pytest.raises(PlainTextToTLS, match="rediss://") as raised:
+        Background(lambda: pool.acquire(timeout=600)).join(60)
+    assert isinstance(raised.value.__cause__, RedisConnectionError)
+    assert isinstance(raised.value, RedisConnectionError)  # what users already catch
+    with pytest.raises(PlainTextToTLS):
+        Background(pool.status).join(60)
+    client.close()
+
+    async def asyncio_side() -> BaseException | None:
+        aclient = redis.asyncio.Redis(port=tls_port)
+        try:
+            await AsyncFairAllocator(aclient, pool_name).acquire(timeout=600)
+        except Exception as exc:
+            return exc
+        finally:
+            await aclient.aclose()
+        return None
+
+    outcome = Background(lambda: asyncio.run(asyncio_side())).join(60)
+    assert isinstance(outcome, PlainTextToTLS), outcome
+
+
+def test_a_reset_from_a_plain_text_server_stays_transient(server: RedisServer) -> None:
+    """A reset by a server that speaks plain text (a restart, a kill) is
+    retried as before: the probe finds no TLS there."""
+    from allocator._core.retry import is_transient, reset_by_peer
+    from allocator._probe import refine
+
+    reset = RedisConnectionError(
+        f"Error while reading from 127.0.0.1:{server.port} : (104, 'Connection reset by peer')"
+    )
+    assert reset_by_peer(reset) and is_transient(reset)
+    assert refine(redis.Redis(port=server.port), reset) is reset
+    assert not reset_by_peer(RedisConnectionError("Error 111 connecting to 127.0.0.1:1"))

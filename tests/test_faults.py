@@ -37,7 +37,8 @@ from helpers import wait_until
 from test_chaos import RESOURCES, Held, over_capacity, read_ledger
 
 from allocator import FairAllocator
-from allocator._core.liveness import ALIVE, GRACE
+from allocator._core.liveness import ALIVE
+from allocator._core.presence import GRACE
 from allocator._server import RedisServer
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.faults]

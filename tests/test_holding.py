@@ -1,11 +1,10 @@
-"""The holder's side of ``reclaim_on_disconnect`` (allocator/_core/holding.py):
+"""The holder's side of ``reclaim_on_disconnect`` (allocator/_core/presence.py):
 when a process gives up a lease because its presence went unconfirmed, and
 how often its watch looks. Pure: times are given."""
 
 from __future__ import annotations
 
-from allocator._core.holding import GIVE_UP, LINGER, LISTEN, PROBE, SAFE, Holds
-from allocator._core.liveness import GRACE
+from allocator._core.presence import GIVE_UP, GRACE, LINGER, LISTEN, PROBE, SAFE, Holds
 
 
 def test_the_safe_part_of_the_grace_leaves_room_before_the_server_may_end_a_lease() -> None:

@@ -28,7 +28,7 @@ from helpers import blocked_readers, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
 from allocator._core.keys import PICK
-from allocator._sync_io import Reader, reader_for
+from allocator._sync_reader import Reader, reader_for
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def thread_leads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     def counted(self: Reader, me: Any, inbox: Any, deadline: float | None) -> None:
         if inbox is None:
-            seen.append(self.hub.waiting)
+            seen.append(self.core.waiting)
         lead(self, me, inbox, deadline)
 
     monkeypatch.setattr(Reader, "_lead", counted)
@@ -165,7 +165,7 @@ def test_asyncio_waiters_lead_in_turn(redis_url: str, pool_name: str) -> None:
             while (await pool.status()).waiting < i:
                 await asyncio.sleep(0.01)
         await tasks[0]
-        from allocator._async_io import reader_for as async_reader_for
+        from allocator._async_reader import reader_for as async_reader_for
 
         reader = async_reader_for(client, pool._pool)
         assert reader._task is None or reader._task.done()  # the tasks lead: no task of its own

@@ -23,9 +23,9 @@ from allocator import AcquireTimeout, Lease, LeaseLost
 
 
 def test_core_reads_a_multi_grant_reply_and_its_messages() -> None:
-    from allocator._core.hub import Hub
+    from allocator._core.messages import RECHECK
     from allocator._core.pool import Pool
-    from allocator._core.steps import RECHECK
+    from allocator._core.reader import Reader
 
     pool = Pool.create("p", lease_ttl=1, bind_ttl=1, prefix="a")
     row = ["5-{}", "17950000000000{}", "1795357126155123", "1795357126215", "60000", "gpu|{}"]
@@ -54,7 +54,7 @@ def test_core_reads_a_multi_grant_reply_and_its_messages() -> None:
     assert pool._message("x|lid.2", "lid", "5-0", 2) == RECHECK
 
     # The hub routes every lease of a request to the request's waiter.
-    hub = Hub(1.0)
+    hub = Reader(1.0)
     hub.register(pool, "lid", "inbox")
     key = pool.signal_key(hub.cid)
     assert hub.route(key, second, 0.0)[:2] == ("inbox", second)

@@ -32,7 +32,8 @@ from _workers import CTX, chaos_many_worker, server_now
 from helpers import wait_until
 
 from allocator import FairAllocator
-from allocator._core.liveness import ALIVE, GRACE
+from allocator._core.liveness import ALIVE
+from allocator._core.presence import GRACE
 
 pytestmark = pytest.mark.real_redis
 

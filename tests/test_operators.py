@@ -191,8 +191,8 @@ def test_close_ends_the_reader_and_the_pool_stays_usable(factory: Any, pool_name
 
 
 def _readers(pool: Any) -> list[Any]:
-    from allocator._async_io import _REGISTRY as ASYNC_READERS
-    from allocator._sync_io import _REGISTRY as SYNC_READERS
+    from allocator._async_reader import _REGISTRY as ASYNC_READERS
+    from allocator._sync_reader import _REGISTRY as SYNC_READERS
 
     registry = SYNC_READERS if isinstance(pool, FairAllocator) else ASYNC_READERS
     return list(registry.get(pool.client, {}).values())

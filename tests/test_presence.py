@@ -21,7 +21,7 @@ from _workers import Proc, async_leaser, leaser, partitioned_holder, server_now
 from helpers import Background, wait_until
 
 from allocator import FairAllocator, Lease, LeaseLost
-from allocator._core.liveness import ALIVE_PRESENT
+from allocator._core.presence import ALIVE_PRESENT
 
 #: What the clock bounds below allow beyond the 2 s in which those behind a
 #: dead waiter are served (docs/concepts.md#4-liveness): a loaded 2-core

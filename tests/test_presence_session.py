@@ -35,7 +35,7 @@ from _workers import (
 from helpers import LoopThread, wait_until
 
 from allocator import AsyncFairAllocator, FairAllocator
-from allocator._core.liveness import GRACE, HEARTBEAT_PRESENT
+from allocator._core.presence import GRACE, HEARTBEAT_PRESENT
 from allocator.cli.bench.waiters import commands_per_second
 
 #: How long each trial flaps the connections: several graces.

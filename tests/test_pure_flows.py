@@ -32,9 +32,9 @@ from harness import (
     Defer,
     Deliver,
     Exchange,
-    Hub,
     Lead,
     Pool,
+    Reader,
     Reading,
     Run,
     Sleep,
@@ -351,11 +351,11 @@ def test_a_failed_round_then_an_exception_raised_into_the_leader(clock: Clock, p
     down = transport()
     assert reading.fail(a.lid, down) is False  # the step's own error: to the rounds
     pause = reading.next(a.lid)
-    assert isinstance(pause, Sleep) and reading.hub.trouble is down
+    assert isinstance(pause, Sleep) and reading.core.trouble is down
 
     assert reading.raised(a.lid, KeyboardInterrupt()) is True  # out of a's call
     assert reading.lead.reading and reading.lead.leader == b.lid
-    assert reading.hub.trouble is down
+    assert reading.core.trouble is down
     a.interrupt(KeyboardInterrupt())
     assert a.call("cancel").args == (a.lid,)
     with pytest.raises(KeyboardInterrupt):
@@ -371,7 +371,7 @@ def test_a_failed_round_then_an_exception_raised_into_the_leader(clock: Clock, p
     assert isinstance(exchange, Exchange) and exchange.keys == [reading.key(pool)]
     reading.answer([(reading.key(pool), grant_message(b.lid, "1-2"))])
     assert isinstance(reading.carry(b.lid), Deliver)
-    assert reading.hub.trouble is None  # the round went through
+    assert reading.core.trouble is None  # the round went through
     assert reading.next(b.lid) is None  # its own message came: it stops leading
     b.reply(reading.item(b.lid))
     assert b.done and b.value.ticket == "1-2"
@@ -406,7 +406,7 @@ def test_a_reader_round_that_fails_then_succeeds_sends_its_acknowledgements_agai
     assert isinstance(again, Exchange) and again.acks == ack
     reading.carry(b.lid)
     assert reading.until(b.lid, Exchange).acks == []
-    assert reading.hub.trouble is None
+    assert reading.core.trouble is None
 
 
 def test_a_heartbeat_comes_due_while_a_round_is_blocked(clock: Clock, pool: Pool) -> None:
@@ -453,7 +453,7 @@ def test_a_grant_popped_after_a_silence_past_the_liveness_window_is_not_trusted(
     assert isinstance(deliver, Deliver)
     assert [item for _, item in deliver.items] == [RECHECK] and deliver.releases == []
     reading.carry(a.lid)
-    assert reading.hub.plan()[0] == []  # nothing to acknowledge
+    assert reading.core.plan()[0] == []  # nothing to acknowledge
     assert reading.item(a.lid) == RECHECK
     reading.leave(a.lid)
     assert reading.item(b.lid) is LEAD and reading.take(b.lid)
@@ -553,7 +553,7 @@ def test_the_lead_decides_who_reads(clock: Clock, pool: Pool) -> None:
     assert lead.leave("c") is None and lead.leader == "b"
     assert lead.leave("b") is None  # nobody follows; "a", "b", "c" still registered
     for lid in inboxes:
-        reading.hub.unregister(lid)
+        reading.core.unregister(lid)
     assert lead.kick() is THREAD  # nobody waits, the rounds are not over
     assert lead.thread_takes() is True and lead.leader is THREAD
     assert lead.leave(THREAD) is THREAD  # rounds still not ended: the thread again
@@ -562,7 +562,7 @@ def test_the_lead_decides_who_reads(clock: Clock, pool: Pool) -> None:
 
 
 def test_a_pause_outlasting_its_leader_is_finished_by_the_next() -> None:
-    lead = Lead(Hub(HEARTBEAT))
+    lead = Lead(Reader(HEARTBEAT))
     assert lead.pause(2.0, 100.5, 100.0) == (0.5, False)  # its time ends first
     assert lead.pause(2.0, None, 100.5) == (1.5, True)  # the next sleeps the rest
     assert lead.pause(1.0, 200.0, 100.0) == (1.0, True)
@@ -621,11 +621,11 @@ def test_rounds_ended_by_an_exception_start_afresh_with_the_next_leader(
     def succeeded() -> None:
         raise KeyboardInterrupt  # raised into the thread in the rounds' code
 
-    reading.hub.succeeded = succeeded  # type: ignore[method-assign]
+    reading.core.succeeded = succeeded  # type: ignore[method-assign]
     reading.answer([])
     with pytest.raises(KeyboardInterrupt):
         reading.next("a")
-    del reading.hub.succeeded
+    del reading.core.succeeded
     assert reading.leave("a") is inboxes["b"]  # the lead passes on
     assert reading.item("b") is LEAD and reading.take("b")
     assert reading.carry("b") is not None and reading.lead.reading

@@ -165,7 +165,7 @@ def test_a_grant_popped_late_by_the_reader_is_not_released_under_its_holder(
     reader.unregister(waiter.flow.lid)
     # The stalled reader routes it now: no waiter, so it asks for a release,
     # which must find the lease claimed.
-    inbox, _, release = reader.hub.route(key, message, time.monotonic())
+    inbox, _, release = reader.core.route(key, message, time.monotonic())
     assert inbox is None and release is not None
     assert pool._drive(pool._pool._single(release)) == [b"claimed"]
     assert pool.status().leased == 1

@@ -26,7 +26,7 @@ import redis
 from helpers import blocked_readers, wait_until
 
 from allocator import AcquireTimeout, FairAllocator, Lease
-from allocator._sync_io import Reader
+from allocator._sync_reader import Reader
 
 
 class Boom(Exception):

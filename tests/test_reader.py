@@ -25,9 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import FairAllocator, Lease
-from allocator._core.hub import Hub, multipop_refused, popped, round_commands, round_replies
 from allocator._core.liveness import HEARTBEAT
 from allocator._core.pool import Pool
+from allocator._core.reader import Reader, multipop_refused, popped, round_commands, round_replies
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_the_hub_routes_every_grant_somewhere(plan: list[tuple[str, int]]) -> No
     a waiter that left, or acknowledged again as a copy of one delivered:
     never dropped."""
     pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
-    hub = Hub(HEARTBEAT)
+    hub = Reader(HEARTBEAT)
     key = pool.signal_key(hub.cid)
     delivered: dict[str, int] = {}
     registered: set[str] = set()

@@ -35,7 +35,8 @@ from helpers import Background, wait_until
 
 from allocator import AsyncFairAllocator, FairAllocator, Lease, LeaseLost
 from allocator._core.keys import KEY_SUFFIXES
-from allocator._core.liveness import ALIVE, GRACE
+from allocator._core.liveness import ALIVE
+from allocator._core.presence import GRACE
 from allocator._server import RedisServer
 
 pytestmark = pytest.mark.real_redis

@@ -16,7 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path("docs/scripts/async_to_sync.py")
 COMMAND = "python docs/scripts/async_to_sync.py"
-PAIRS = [("_async.py", "_sync.py"), ("_async_admin.py", "_sync_admin.py")]
+PAIRS = [
+    ("_async.py", "_sync.py"),
+    ("_async_admin.py", "_sync_admin.py"),
+    ("_async_keepalive.py", "_sync_keepalive.py"),
+]
 
 
 def read(name: str, root: Path = ROOT) -> str:
@@ -97,8 +101,8 @@ def test_the_rewrite() -> None:
         assert read(twin).splitlines()[0] == (
             f"# generated from allocator/{name} by docs/scripts/async_to_sync.py: do not edit"
         )
-    source = read("_async.py") + read("_async_admin.py")
-    sync = read("_sync.py") + read("_sync_admin.py")
+    source = "".join(read(name) for name, _ in PAIRS)
+    sync = "".join(read(twin) for _, twin in PAIRS)
     for asyncio_form, blocking_form in [
         ("    async def acquire(\n", "    def acquire(\n"),
         ("lease = await self._drive_waiting(", "lease = self._drive_waiting("),
@@ -130,7 +134,7 @@ def test_a_rule_that_matches_nothing_fails_the_run(copy: Path) -> None:
 
 def test_asyncio_left_in_the_output_fails_the_run(copy: Path) -> None:
     edit(
-        copy / "allocator" / "_async.py",
+        copy / "allocator" / "_async_keepalive.py",
         "        await self._worker.stop()\n",
         "        await self._worker.stop()\n        await asyncio.sleep(0)\n",
     )

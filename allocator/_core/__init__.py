@@ -3,17 +3,24 @@
 Everything that decides anything lives here, one module per concern, so a
 reader finds a rule by the file's name (imports go down this list only):
 
-- :mod:`.hub`: the reader's decisions (heartbeats, rounds, routing grants
-  to waiters, failures);
+- :mod:`.lead`: who carries out a reader's rounds (the leading waiter, the
+  followers);
+- :mod:`.reader`: the reader's decisions (heartbeats, rounds, routing
+  messages to waiters, failures);
 - :mod:`.pool`: :class:`~.pool.Pool`, a pool's operations, made of
   :mod:`.leasing` (acquire, renew, release) and :mod:`.admin` (extend,
-  status, gc...) on :mod:`.base` (identity, keys, replies, retries);
-- :mod:`.replicas`: confirming writes with ``WAIT``;
-- :mod:`.replies`, :mod:`.keys`, :mod:`.checks`: reading script replies,
-  the pool's key names, the argument checks;
-- :mod:`.retry` and :mod:`.liveness`: the retry policy and the clocks of
-  liveness;
-- :mod:`.steps`: the vocabulary of steps the shells carry out.
+  status, gc...);
+- :mod:`.clients`: who a pool's clients are, as its views show them;
+- :mod:`.presence`: a client's presence (its clocks, the presence table,
+  the holder's watch);
+- :mod:`.base`: a pool's identity and settings, the reading of its leases;
+- :mod:`.replicas` and :mod:`.pending`: confirming writes with ``WAIT``;
+  the ends still to deliver;
+- :mod:`.messages`, :mod:`.keys`, :mod:`.retry`: the signal-list messages,
+  the pool's key names, the retry policy and the retries of a call;
+- :mod:`.replies`, :mod:`.checks`, :mod:`.liveness`, :mod:`.steps`: reading
+  script replies, the argument checks, the clocks of the liveness mark,
+  the vocabulary of steps the shells carry out.
 
 An operation is a generator of *steps* (:class:`~.steps.Call`: run this
 script; :class:`~.steps.Wait`: wait for a message; :class:`~.steps.Sleep`:

@@ -6,6 +6,8 @@ remove in chunks, gc by cursors)."""
 from __future__ import annotations
 
 import logging
+import time
+import warnings
 from typing import Any
 
 from .._values import (
@@ -38,7 +40,8 @@ from .checks import (
 from .clients import clients_of
 from .keys import KEY_SUFFIXES
 from .replies import _decode, _tagged, _unexpected, stats_from_fields
-from .steps import Call, Flow, Sleep
+from .retry import SIDE_BUDGET
+from .steps import Call, Command, Flow, Sleep
 
 _log = logging.getLogger("allocator")
 
@@ -69,6 +72,34 @@ class Admin(PoolBase):
     """Administration and views (see :class:`~.pool.Pool`)."""
 
     __slots__ = ()
+
+    def _check_policy(self) -> Flow[None]:
+        """Warn (once per allocator) if the server may evict the pool's keys.
+
+        The pool uses no keys with a TTL, so ``volatile-*`` policies never
+        touch it; an ``allkeys-*`` policy can evict a lease or the queue.
+        Run by the admin operations, so the hot path stays one round trip;
+        a server that refuses CONFIG (an ACL, a managed service) is skipped.
+        """
+        if self._policy_checked:
+            return
+        self._policy_checked = True
+        try:
+            due = time.monotonic() + SIDE_BUDGET
+            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"), due)
+        except Exception:
+            return
+        # CONFIG GET answers a flat list on RESP2 and a map on RESP3.
+        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])[1::2]
+        policy = _decode(values[0]) if values else ""
+        if policy.startswith("allkeys"):
+            warnings.warn(
+                f"Redis maxmemory-policy is {policy!r}: under memory pressure the server may "
+                f"evict keys of pool {self.name!r} (leases, the queue). Use 'noeviction' or a "
+                "volatile-* policy; the pool's keys have no TTL.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def extend(
         self, resources: object, capacity: object, priority: object, rate: object

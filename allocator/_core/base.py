@@ -1,20 +1,15 @@
-"""What every operation of a pool needs: its identity and settings (the
-names of its keys), the reading of lease records and signal-list messages,
-the retries of a single call, the replica confirmation of a call."""
+"""A pool's identity and settings (its name, the names of its keys, its
+budgets), and the reading of its leases from what the server says of them
+(script replies, grant messages)."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import time
-import warnings
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import attrs
 from redis.crc import key_slot
 
 from .._values import Lease
-from ..errors import NotReplicated
 from .checks import (
     MAX_LEASE_ID,
     MAX_NAME,
@@ -28,43 +23,20 @@ from .checks import (
     _text,
 )
 from .keys import KEY_SUFFIXES, _escape
-from .replicas import Confirmed
-from .replies import (
-    _BUSY,
-    _GONE,
-    DELETED,
-    State,
-    _decode,
-    _many_index,
-    _stream_id,
-    _tagged,
-    _unexpected,
-    many_id,
-    request_of,
-    server_refusal,
-)
-from .retry import (
-    BACKOFF_CAP,
-    FAILOVER_BUDGET,
-    MIN_TRY,
-    RETRY_BUDGET,
-    SIDE_BUDGET,
-    Retrier,
-    try_deadline,
-)
-from .steps import RECHECK, Call, Command, Flow, Sleep
-
-_log = logging.getLogger("allocator")
-
-T = TypeVar("T")
+from .messages import Grant, for_waiter, grant_of, many_id
+from .replicas import Confirmation
+from .replies import _BUSY, _GONE, State, _decode, _tagged, _unexpected
+from .retry import FAILOVER_BUDGET, RETRY_BUDGET
+from .steps import Call
 
 
 @attrs.define(eq=False)
-class PoolBase:
-    """A pool's identity and settings, and what every operation of it needs:
-    its keys, the reading of its lease records and messages, retries, the
-    confirmation of writes on replicas. :class:`~.pool.Pool` adds the
-    operations (:mod:`.leasing`, :mod:`.admin`)."""
+class PoolBase(Confirmation):
+    """A pool's identity and settings, and the reading of its leases. Its
+    single calls' retries (:class:`~.retry.SingleCalls`) and the
+    confirmation of its writes on replicas (:class:`~.replicas.Confirmation`)
+    come with it; :class:`~.pool.Pool` adds the operations (:mod:`.leasing`,
+    :mod:`.admin`)."""
 
     name: str
     prefix: str
@@ -89,6 +61,7 @@ class PoolBase:
     #: The tenant of this allocator's requests that name none
     #: (docs/concepts.md#tenants; ``""``: no tenant).
     tenant: str = ""
+    #: Whether the server's eviction policy was checked (Admin._check_policy).
     _policy_checked: bool = attrs.field(default=False, repr=False)
     #: The client ids that said who they are in this pool (their first
     #: acquire here: allocator/_core/clients.py).
@@ -131,42 +104,6 @@ class PoolBase:
             tenant=_tenant(tenant),
         )
 
-    # -- replicas -------------------------------------------------------------
-
-    def _confirmed(self, call: Call[T]) -> Call[tuple[T, int]]:
-        """``call`` sent with the confirmation of :func:`confirm_commands`;
-        its parse gives the parsed reply and the replicas that confirmed."""
-        parse = call.parse
-
-        def both(reply: Confirmed) -> tuple[T, int]:
-            return parse(reply.reply), reply.replicas
-
-        confirm = (self.min_replicas, _ms(self.replica_timeout))
-        return Call(call.script, call.keys, call.args, both, confirm=confirm)
-
-    def _not_replicated(self, lease: Lease, replicas: int, what: str) -> NotReplicated:
-        return NotReplicated(
-            self.name, lease.resource, lease.token, replicas, self.min_replicas, what
-        )
-
-    def _give_back(self, lease: Lease, replicas: int) -> Flow[NotReplicated]:
-        """A grant that too few replicas confirmed: release it (so nothing
-        leaks; a failover that loses it loses nothing either) and return
-        the error to raise."""
-        _log.warning(
-            "allocator: pool %r: grant of %r confirmed by %d of %d replicas; released",
-            self.name,
-            lease.resource,
-            replicas,
-            self.min_replicas,
-        )
-        release = Call("release", self.keys, (lease.id, lease.ticket, "", ""), lambda r: r)
-        with contextlib.suppress(Exception):
-            # Not confirmed itself: if this release is lost in a failover,
-            # the lease ends at its deadline as any unreleased lease does.
-            yield from self._single(release)
-        return self._not_replicated(lease, replicas, "acquire")
-
     # -- identity -----------------------------------------------------------
 
     @property
@@ -176,11 +113,6 @@ class PoolBase:
 
     def signal_key(self, suffix: str) -> str:
         return self.keys[-1] + suffix
-
-    def presence_channel(self, cid: str) -> str:
-        """The channel whose subscriber is client ``cid``'s presence in this
-        pool (``<prefix>:{<name>}:p:<cid>``: in the pool's cluster slot)."""
-        return self.keys[-1][: -len("s:")] + "p:" + cid
 
     # -- leases ---------------------------------------------------------------
 
@@ -219,44 +151,16 @@ class PoolBase:
     def _message(
         self, message: Any, lid: str, ticket: str, count: int | None = None
     ) -> Lease | float | str | None:
-        """A message from the signal list: this waiter's grant, a hint (seconds
-        until it should look again), RECHECK, or None for anything stale.
-        A waiter of acquire_many (``count``) takes the grant of any of its
-        leases: the first on its own ticket, the others on the entries
-        behind it."""
-        text = _decode(message)
-        if text == RECHECK:
-            return RECHECK
-        kind, _, rest = text.partition("|")
-        if kind == "g":
-            fields = rest.split("|", 5)
-            if len(fields) == 6 and (
-                (fields[0] == lid and fields[1] == ticket)
-                or (
-                    count is not None
-                    and _many_index(fields[0], lid) in range(1, count)
-                    and _stream_id(fields[1]) > _stream_id(ticket)
-                )
-            ):
-                lease_id, _, token, granted_us, ttl_ms, resource = fields
-                deadline_ms = int(granted_us) // 1000 + int(ttl_ms)
-                return self._lease(
-                    lease_id, [fields[1], token, granted_us, deadline_ms, ttl_ms, resource]
-                )
-        elif kind == "h":
-            target, _, delay = rest.partition("|")
-            if target == lid:
-                return int(delay) / 1000
-        elif kind == "x" and request_of(rest) == lid:
-            # The grant was taken back while this client looked gone: the
-            # waiter must look again (and queue again) at once.
-            return RECHECK
-        elif kind == "d" and request_of(rest) == lid:
-            # The pool was deleted (delete(force=True)): give up, and never
-            # queue again (that would make the pool anew). For acquire_many,
-            # the notice may name any lease of the request.
-            return DELETED
-        return None
+        """What a message from the signal list means to waiter ``lid``
+        (:func:`~.messages.for_waiter`), its grant made a :class:`Lease`."""
+        seen = for_waiter(message, lid, ticket, count)
+        if isinstance(seen, Grant):
+            deadline_ms = int(seen.granted_us) // 1000 + int(seen.ttl_ms)
+            return self._lease(
+                seen.lease_id,
+                [seen.ticket, seen.token, seen.granted_us, deadline_ms, seen.ttl_ms, seen.resource],
+            )
+        return seen
 
     def _check_lease(self, lease: object) -> Lease:
         """A lease's fields are the caller's to change (``attrs.evolve``, a
@@ -279,103 +183,14 @@ class PoolBase:
     def _ttl_ms(self, ttl: object) -> int:
         return _ms(self.lease_ttl if ttl is None else _seconds("ttl", ttl))
 
-    # -- retries --------------------------------------------------------------
-
-    @staticmethod
-    def _retrying(
-        call: Call[T],
-        *,
-        deadline: float | None = None,
-        attempts: int | None = None,
-        per_try: float | None = None,
-        cap: float = BACKOFF_CAP,
-    ) -> Flow[T]:
-        """Run ``call``, retrying transient errors with backoff (at most
-        ``cap`` seconds between two tries): until ``deadline`` (monotonic;
-        None: for ever) or for ``attempts`` tries.
-        Every script is safe to run again after a reply was lost. (A script
-        the server no longer has never gets here: the shells run a call
-        that meets NOSCRIPT again at once by the script's text, EVAL.)
-
-        Each try is due by the deadline (:func:`try_deadline`: no later than
-        ``per_try`` from its start, no sooner than one round trip, plus the
-        WAIT of a confirmed call), so a hung server costs a try no more
-        than what is left: its read times out, and the deadline decides."""
-        retrier = None  # made on the first failure: most calls never fail
-        floor = MIN_TRY if call.confirm is None else MIN_TRY + call.confirm[1] / 1000
-        while True:
-            if deadline is not None or per_try is not None:
-                call = call.until(try_deadline(deadline, per_try, floor))
-            try:
-                reply = yield call
-            except Exception as exc:
-                if retrier is None:
-                    retrier = Retrier(call.script, deadline=deadline, attempts=attempts, cap=cap)
-                delay = retrier.next_delay(exc)
-                if delay is None:
-                    refused = server_refusal(exc)
-                    if refused is not None:
-                        raise refused from exc
-                    raise
-                yield Sleep(delay)
-                continue
-            return call.parse(reply)
-
-    def _single(self, call: Call[T]) -> Flow[T]:
-        """Run a call that has no deadline of its own, within the pool's
-        single-call budget (:attr:`call_budget`)."""
-        return self.retry_single(call, self.call_budget, self.try_budget)
-
-    @staticmethod
-    def retry_single(
-        call: Call[T], budget: float = RETRY_BUDGET, per_try: float | None = None
-    ) -> Flow[T]:
-        """Run ``call``, retrying for ``budget`` seconds from its first try."""
-        return (
-            yield from PoolBase._retrying(call, deadline=time.monotonic() + budget, per_try=per_try)
-        )
-
-    def _check_policy(self) -> Flow[None]:
-        """Warn (once per allocator) if the server may evict the pool's keys.
-
-        The pool uses no keys with a TTL, so ``volatile-*`` policies never
-        touch it; an ``allkeys-*`` policy can evict a lease or the queue.
-        Run by the admin operations, so the hot path stays one round trip;
-        a server that refuses CONFIG (an ACL, a managed service) is skipped.
-        """
-        if self._policy_checked:
-            return
-        self._policy_checked = True
-        try:
-            due = time.monotonic() + SIDE_BUDGET
-            reply = yield Command(("CONFIG", "GET", "maxmemory-policy"), due)
-        except Exception:
-            return
-        # CONFIG GET answers a flat list on RESP2 and a map on RESP3.
-        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])[1::2]
-        policy = _decode(values[0]) if values else ""
-        if policy.startswith("allkeys"):
-            warnings.warn(
-                f"Redis maxmemory-policy is {policy!r}: under memory pressure the server may "
-                f"evict keys of pool {self.name!r} (leases, the queue). Use 'noeviction' or a "
-                "volatile-* policy; the pool's keys have no TTL.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
     def release_message(self, message: Any) -> Call[Any] | None:
         """For a grant that reached a client whose waiter had already left:
         the release that passes it on (None if ``message`` is no grant). Only
         if nobody claimed it: the waiter may have been handed it in a poll
         reply while the reader held the message."""
-        kind, _, rest = _decode(message).partition("|")
-        fields = rest.split("|", 5)
-        if kind != "g" or len(fields) != 6:
+        grant = grant_of(message)
+        if grant is None:
             return None
-        return Call("release", self.keys, (fields[0], fields[1], "", "1"), lambda reply: reply)
-
-    @staticmethod
-    def message_target(message: Any) -> str:
-        """The lease id a signal-list message is for ('' if it names none)."""
-        parts = _decode(message).split("|", 2)
-        return parts[1] if len(parts) > 1 else ""
+        return Call(
+            "release", self.keys, (grant.lease_id, grant.ticket, "", "1"), lambda reply: reply
+        )

@@ -3,9 +3,9 @@
 and when a connected client counts as *stalled* (docs/operations.md).
 
 A waiting client's reader refreshes its liveness mark every heartbeat
-(:func:`~.liveness.heartbeat_of`: 2 s for a client that keeps a presence,
+(:func:`~.presence.heartbeat_of`: 2 s for a client that keeps a presence,
 1 s for one judged by its mark alone); the mark's score is the time of the last
-refresh plus the mark's length (:func:`~.liveness.alive_ms`), so the
+refresh plus the mark's length (:func:`~.presence.alive_ms`), so the
 client's silence is the server's time minus that refresh. A client that is
 connected (its presence connection is open) and waits, yet has been silent
 for longer than its heartbeat plus :data:`STALL_MARGIN`, is stopped (SIGSTOP), paused (a long
@@ -19,7 +19,8 @@ import socket
 from typing import Any
 
 from .._values import ClientInfo
-from .liveness import alive_ms, heartbeat_of
+from .._version import __version__
+from .presence import alive_ms, heartbeat_of
 
 #: What a heartbeat may be late by without the client looking stalled: a
 #: round trip to a slow server, a reader's short backoff.
@@ -35,8 +36,6 @@ def stalled_after(cid: str) -> float:
 def client_info() -> str:
     """What a client says of itself on its first acquire in a pool
     (``<pid>|<version>|<host>``, lua/acquire.lua)."""
-    from .. import __version__
-
     host = socket.gethostname()[:255] or "?"
     return f"{os.getpid()}|{__version__}|{host}"
 

@@ -1,11 +1,11 @@
-"""Who carries out a hub's rounds: the waiter reads its own grant.
+"""Who carries out a reader's rounds: the waiter reads its own grant.
 
 While waiters of one client wait, there is no reader of its own: the first
-waiter *leads*, carrying out the hub's rounds (:meth:`Hub.rounds`) itself,
+waiter *leads*, carrying out the reader's rounds (:meth:`Reader.rounds`) itself,
 and the others *follow*, each woken by the message the leader routes to
 its inbox. When the leader's own message comes, or its time runs out, it
 hands the lead to the follower that has waited longest. When nobody waits,
-what is left to acknowledge waits :data:`~allocator._core.hub.ACK_DELAY`
+what is left to acknowledge waits :data:`~allocator._core.reader.ACK_DELAY`
 for the next waiter's round; then the reader's own thread (asyncio: task)
 sends it. That thread never leads while anyone waits.
 
@@ -22,7 +22,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..errors import AllocatorError
-from .hub import READ_SLACK, Hub
+from .reader import READ_SLACK, Reader
 from .steps import Exchange, ReaderStep
 
 #: An inbox item: the lead is yours (if it still is: :meth:`Lead.take`).
@@ -47,14 +47,14 @@ def take_item(inbox: Any) -> Any:
 
 
 class Lead:
-    """The lead of one reader: the hub's rounds while they run, the step
+    """The lead of one reader: the reader's rounds while they run, the step
     taken from them and not yet carried out (whoever leads next carries it,
     should the leader be interrupted), the last step's result, who leads
     (a waiter's lease id, :data:`THREAD`, or None) and who follows (lease
     id to inbox, oldest first)."""
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
         self.rounds: Generator[ReaderStep, Any, None] | None = None
         self._step: ReaderStep | None = None
         self._result: tuple[Any, BaseException | None] = (None, None)
@@ -76,7 +76,7 @@ class Lead:
             self.leader = lid
             self.followers.pop(lid, None)
             if self.rounds is None:
-                self.rounds = self.hub.rounds(clock)
+                self.rounds = self.reader.rounds(clock)
                 self._result = (None, None)
             return True
         self.followers[lid] = inbox
@@ -104,12 +104,12 @@ class Lead:
             lid, inbox = next(iter(self.followers.items()))
             self.leader = lid
             return inbox
-        return None if self.hub.waiting else THREAD
+        return None if self.reader.waiting else THREAD
 
     def thread_takes(self) -> bool:
         """The reader's thread, after its delay: whether it leads now
         (nobody leads, nobody waits, rounds are left)."""
-        if self.leader is not None or self.hub.waiting or self.rounds is None:
+        if self.leader is not None or self.reader.waiting or self.rounds is None:
             return False
         self.leader = THREAD
         return True
@@ -123,7 +123,7 @@ class Lead:
         (:attr:`reading` is then False)."""
         if inbox is not None and not inbox.empty():
             return None
-        if me is THREAD and self.hub.waiting:
+        if me is THREAD and self.reader.waiting:
             return None
         if deadline is not None and now >= deadline:
             return None
@@ -150,6 +150,14 @@ class Lead:
         or ``error`` to throw into the rounds."""
         self._step = None
         self._result = (reply, error)
+
+    @staticmethod
+    def bounds(step: Exchange, deadline: float | None, now: float) -> tuple[float, float]:
+        """A round ``step`` under a leader whose time ends at ``deadline``:
+        how long it blocks (:func:`block_for`) and how long the leader waits
+        for its reply (:func:`read_wait`)."""
+        block = block_for(step, deadline, now)
+        return block, read_wait(block, deadline, now)
 
     def pause(self, seconds: float, deadline: float | None, now: float) -> tuple[float, bool]:
         """A pause step (``Sleep``) under a leader whose time ends at
@@ -191,7 +199,7 @@ def block_for(step: Exchange, deadline: float | None, now: float) -> float:
 #: the leader takes the server for hung and gives up (Redis answers a BLPOP
 #: whose time ran out up to 1/hz, 0.1 s, late): a waiter whose server hangs
 #: while it leads returns about this long after its timeout, not
-#: :data:`~allocator._core.hub.READ_SLACK` later.
+#: :data:`~allocator._core.reader.READ_SLACK` later.
 LATE_REPLY = 0.2
 
 

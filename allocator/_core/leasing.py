@@ -17,11 +17,13 @@ from ..errors import AcquireTimeout, LeaseLost
 from .base import PoolBase
 from .checks import MAX_RESOURCE, _count, _ms, _owner, _seconds, _tenant, _text, _timeout
 from .clients import client_info
-from .liveness import HEARTBEAT, WAITER_BACKOFF, alive_ms
+from .liveness import HEARTBEAT
+from .messages import DELETED, RECHECK, many_id
 from .pending import RIDE_OUT, cancel_end, end_key, release_end, renew_budget
-from .replies import _BUSY, _GONE, DELETED, State, _tagged, _unexpected, many_id
-from .retry import SIDE_BUDGET, is_transient
-from .steps import RECHECK, Call, Defer, Flow, Pending, Settle, Wait
+from .presence import WAITER_BACKOFF, alive_ms
+from .replies import _BUSY, _GONE, State, _tagged, _unexpected
+from .retry import SIDE_BUDGET, is_transient, retry_single, retrying
+from .steps import Call, Defer, Flow, Pending, Settle, Wait
 
 
 def _never(lease: Lease) -> bool:
@@ -50,7 +52,7 @@ class Leasing(PoolBase):
     ) -> Acquire:
         """Check the arguments and build an acquire: its steps, and the lease
         id under which the client's reader routes messages to it. ``cid`` is
-        the client id of the reader (:class:`Hub`) that serves it;
+        the client id of the reader (:class:`~.reader.Reader`) that serves it;
         ``started`` (monotonic seconds) when the caller's wait began, if
         before the flow's first step (the time the shell spent setting up
         the client's presence counts against the timeout). ``tenant``: who
@@ -159,11 +161,11 @@ class Leasing(PoolBase):
             # While this flow retries a look, it does not lead its client's
             # reader rounds (allocator/_core/lead.py): if it alone waits in
             # its process, nobody else subscribes the client again after an
-            # outage (liveness.WAITER_BACKOFF, as the hub's own retries).
+            # outage (presence.WAITER_BACKOFF, as the reader's own retries).
             try:
                 if not self.min_replicas:
                     return (
-                        yield from self._retrying(
+                        yield from retrying(
                             call, deadline=deadline, per_try=self.try_budget, cap=WAITER_BACKOFF
                         )
                     )
@@ -267,7 +269,7 @@ class Leasing(PoolBase):
             cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
             try:
                 due = time.monotonic() + SIDE_BUDGET
-                yield from self._retrying(cancel, attempts=1, deadline=due)
+                yield from retrying(cancel, attempts=1, deadline=due)
             except Exception as error:
                 if is_transient(error):
                     # It may not have reached the server, and the enqueue
@@ -285,7 +287,7 @@ class Leasing(PoolBase):
         """Run an acquire or poll call with ``min_replicas``: a grant in its
         reply counts only once confirmed, else it is released and
         :class:`NotReplicated` raised."""
-        state, replicas = yield from self._retrying(
+        state, replicas = yield from retrying(
             self._confirmed(call), deadline=deadline, per_try=self.try_budget, cap=WAITER_BACKOFF
         )
         if isinstance(state, Lease) and replicas < self.min_replicas:
@@ -321,7 +323,7 @@ class Leasing(PoolBase):
         if deadline is None or deadline - time.monotonic() < self.call_budget:
             deadline = time.monotonic() + self.call_budget
         try:
-            renewed, replicas = yield from self._retrying(
+            renewed, replicas = yield from retrying(
                 renew, deadline=deadline, per_try=self.try_budget
             )
         except LeaseLost:
@@ -336,7 +338,7 @@ class Leasing(PoolBase):
         self, lease: object, quarantine: object, gave_up: Callable[[Lease], bool] = _never
     ) -> Flow[bool]:
         """``gave_up``: whether this process gave the lease up (its
-        presence watch, allocator/_core/holding.py); such a lease is
+        presence watch, allocator/_core/presence.py); such a lease is
         released all the same, and the flow returns False whatever the
         server says, or if it cannot be reached."""
         held = self._check_lease(lease)
@@ -367,7 +369,7 @@ class Leasing(PoolBase):
         (docs/api.md#allocator.FairAllocator.release).
         An answer settles any release of the lease still pending."""
         try:
-            released = yield from self.retry_single(call, self.end_budget, self.try_budget)
+            released = yield from retry_single(call, self.end_budget, self.try_budget)
         except Exception as exc:
             if is_transient(exc):
                 yield Defer(release_end(self.name, call, held, time.monotonic()))
@@ -401,13 +403,11 @@ class Leasing(PoolBase):
         call = self._renew_call(held, ttl_ms)
         budget = renew_budget(self.call_budget, held.ttl)
         if not self.min_replicas:
-            return (yield from self.retry_single(call, budget, self.try_budget))
+            return (yield from retry_single(call, budget, self.try_budget))
         return (yield from self._renew_confirmed(call, held, budget))
 
     def _renew_confirmed(self, call: Call[Lease], held: Lease, budget: float) -> Flow[Lease]:
-        renewed, replicas = yield from self.retry_single(
-            self._confirmed(call), budget, self.try_budget
-        )
+        renewed, replicas = yield from retry_single(self._confirmed(call), budget, self.try_budget)
         if replicas < self.min_replicas:
             # The lease stays as the primary has it (renewed there).
             raise self._not_replicated(held, replicas, "renew")
@@ -428,7 +428,7 @@ class Leasing(PoolBase):
 
     def _given_up(self, lease: Lease) -> LeaseLost:
         """What ``renew`` raises for a lease this process knows it lost
-        (``lost()``, allocator/_core/holding.py): the server told it so on
+        (``lost()``, allocator/_core/presence.py): the server told it so on
         its presence connection, or the lease ends with its holder's
         presence (``reclaim_on_disconnect``), which went unconfirmed for
         longer than the grace."""
@@ -482,7 +482,7 @@ class Acquire:
 @attrs.frozen
 class AcquireMany:
     """An acquire_many ready to be driven: the request's id (its messages,
-    one per lease, are routed by it: :func:`request_of`), and its steps."""
+    one per lease, are routed by it: :func:`~.messages.request_of`), and its steps."""
 
     lid: str
     count: int

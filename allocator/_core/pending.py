@@ -37,7 +37,7 @@ import attrs
 from .._values import Lease
 from .replies import _tagged
 from .retry import RETRY_BUDGET, Retrier
-from .steps import Call, Defer, Pending, Settle, Sleep
+from .steps import Call, Defer, End, Pending, Settle, Sleep
 
 _log = logging.getLogger("allocator")
 
@@ -78,18 +78,6 @@ def end_key(keys: tuple[str, ...], lid: str) -> Key:
 
 def _tag(reply: Any) -> str:
     return _tagged("end", reply)[0]
-
-
-@attrs.define
-class End:
-    """A cancel or a release to deliver: ``call`` (its try bound is set per
-    try), for lease or request ``key``, kept until ``until`` (monotonic)."""
-
-    what: str
-    pool: str
-    key: Key
-    call: Call[Any] = attrs.field(repr=False)
-    until: float
 
 
 def cancel_end(

@@ -1,16 +1,26 @@
 """Confirming writes on replicas (docs/operations.md#replicas-min_replicas):
-the pipeline of a confirmed call and the reading of its replies."""
+the pipeline of a confirmed call and the reading of its replies, and what a
+pool does with the count (:class:`Confirmation`)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Generator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from redis.exceptions import AskError, ClusterError, MovedError
 
-from ..errors import AllocatorError
+from .._values import Lease
+from ..errors import AllocatorError, NotReplicated
+from .checks import _ms
 from .replies import _decode
-from .steps import Call
+from .retry import SingleCalls
+from .steps import Call, Flow
+
+_log = logging.getLogger("allocator")
+
+T = TypeVar("T")
 
 
 #
@@ -114,3 +124,51 @@ def moved(replies: list[Any]) -> bool:
     pool's slot: the shell refreshes its slot map (:func:`confirming` then
     raises a transient error, and the flow tries again)."""
     return any(isinstance(reply, MovedError) for reply in replies)
+
+
+class Confirmation(SingleCalls):
+    """A pool's confirmation of its grants and renewals on replicas
+    (``min_replicas``): a part of :class:`~.base.PoolBase`, whose settings
+    say how many replicas and how long to wait for them."""
+
+    __slots__ = ()
+
+    #: See :class:`.base.PoolBase`.
+    name: str
+    keys: tuple[str, ...]
+    min_replicas: int
+    replica_timeout: float
+
+    def _confirmed(self, call: Call[T]) -> Call[tuple[T, int]]:
+        """``call`` sent with the confirmation of :func:`confirm_commands`;
+        its parse gives the parsed reply and the replicas that confirmed."""
+        parse = call.parse
+
+        def both(reply: Confirmed) -> tuple[T, int]:
+            return parse(reply.reply), reply.replicas
+
+        confirm = (self.min_replicas, _ms(self.replica_timeout))
+        return Call(call.script, call.keys, call.args, both, confirm=confirm)
+
+    def _not_replicated(self, lease: Lease, replicas: int, what: str) -> NotReplicated:
+        return NotReplicated(
+            self.name, lease.resource, lease.token, replicas, self.min_replicas, what
+        )
+
+    def _give_back(self, lease: Lease, replicas: int) -> Flow[NotReplicated]:
+        """A grant that too few replicas confirmed: release it (so nothing
+        leaks; a failover that loses it loses nothing either) and return
+        the error to raise."""
+        _log.warning(
+            "allocator: pool %r: grant of %r confirmed by %d of %d replicas; released",
+            self.name,
+            lease.resource,
+            replicas,
+            self.min_replicas,
+        )
+        release = Call("release", self.keys, (lease.id, lease.ticket, "", ""), lambda r: r)
+        with contextlib.suppress(Exception):
+            # Not confirmed itself: if this release is lost in a failover,
+            # the lease ends at its deadline as any unreleased lease does.
+            yield from self._single(release)
+        return self._not_replicated(lease, replicas, "acquire")

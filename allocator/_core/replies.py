@@ -1,6 +1,6 @@
-"""Reading script replies and signal-list messages: every reply of a script
-is read through here, and anything out of shape raises (Lua and Python out
-of step)."""
+"""Reading script replies: every reply of a script is read through here,
+and anything out of shape raises (Lua and Python out of step). The
+messages of the signal lists are read in :mod:`.messages`."""
 
 from __future__ import annotations
 
@@ -19,15 +19,6 @@ def _decode(value: Any) -> str:
     if isinstance(value, str):
         return value
     return str(value)
-
-
-def _stream_id(text: str) -> tuple[int, int]:
-    """A stream id ``ms-seq`` as a pair that orders as the stream does."""
-    first, _, second = text.partition("-")
-    try:
-        return int(first), int(second)
-    except ValueError:
-        return -1, -1
 
 
 def server_refusal(error: BaseException) -> AllocatorError | None:
@@ -81,34 +72,6 @@ _BUSY = "busy"
 #: acquire_many), still queued (ticket and ms until it should look again, or
 #: None), gone from the queue, or busy.
 State = Lease | list[Lease] | tuple[str, float | None] | str
-
-
-#: What Pool._message makes of a ``d|<lease id>`` notice: the pool was
-#: deleted while this requester waited.
-DELETED = "d|"
-
-
-def many_id(lid: str, index: int) -> str:
-    """The lease id of resource ``index`` (from 0) of the acquire_many
-    request ``lid`` (lua/prelude_many.lua ``P.many_id``): ``lid`` itself, then
-    ``<lid>.2``, ``<lid>.3``... A lease id from ``secrets.token_urlsafe``
-    never holds a dot, so the request's own id is the part before it."""
-    return lid if index == 0 else f"{lid}.{index + 1}"
-
-
-def _many_index(lease_id: str, lid: str) -> int:
-    """The index (from 0) of ``lease_id`` in the request ``lid``, or -1."""
-    base, dot, number = lease_id.partition(".")
-    if base != lid:
-        return -1
-    if not dot:
-        return 0
-    return int(number) - 1 if number.isdigit() and number.isascii() else -1
-
-
-def request_of(lease_id: str) -> str:
-    """The request (waiter) a lease id belongs to: see :func:`many_id`."""
-    return lease_id.partition(".")[0]
 
 
 #: Upper bounds (seconds) of the wait histogram's buckets, as the scripts

@@ -1,5 +1,8 @@
 """The retry policy: which errors pass by themselves, how long to back off,
-when to give up, what to log. Every flow and both readers decide with it."""
+when to give up, what to log (:class:`Retrier`). Every flow and both
+readers decide with it; a flow retries a call with :func:`retrying`, and a
+call with no deadline of its own with :func:`retry_single` (a pool's own
+budget: :meth:`SingleCalls._single`)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import logging
 import random
 import ssl
 import time
+from typing import TypeVar
 
 from redis.exceptions import (
     AuthenticationError,
@@ -21,7 +25,12 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .replies import server_refusal
+from .steps import Call, Flow, Sleep
+
 _log = logging.getLogger("allocator")
+
+T = TypeVar("T")
 
 #: How long a call with no deadline of its own (a single-call operation such
 #: as ``release`` or ``status``, a non-blocking ``acquire``) keeps retrying
@@ -74,6 +83,36 @@ TRANSIENT_ERRORS = (
     SlotNotCoveredError,
 )
 
+
+class PlainTextToTLS(RedisConnectionError):
+    """A client that speaks plain text connected to a server that speaks
+    TLS (its connection reset at the first reply, and a probe of the
+    address completed a TLS handshake: allocator/_probe.py). No retry mends
+    it: the client needs a ``rediss://`` URL (``ssl=True``)."""
+
+
+#: What a server does to a connection it will not talk to: redis-py's
+#: words for a connection reset, or closed before the first reply.
+_RESET_TEXTS = ("Connection reset by peer", "Connection closed by server")
+
+
+def reset_by_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a transport error of a connection the server
+    reset or closed (as a TLS port does to a client that speaks plain
+    text); the shells then ask whether the server speaks TLS."""
+    if not isinstance(error, RedisConnectionError) or isinstance(error, PERMANENT_ERRORS):
+        return False
+    seen: BaseException | None = error
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionResetError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    text = str(error)
+    return any(marker in text for marker in _RESET_TEXTS)
+
+
 #: Misconfigurations that no retry mends: a wrong password or user, an ACL
 #: that refuses a command or key, a TLS handshake or certificate refused.
 #: redis-py makes the first two subclasses of its ``ConnectionError``.
@@ -84,6 +123,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     NoPermissionError,
     ssl.SSLError,
     ssl.CertificateError,
+    PlainTextToTLS,
 )
 try:  # redis-py >= 5.1
     from redis.exceptions import ExternalAuthProviderError
@@ -234,3 +274,67 @@ class Retrier:
         self.failures = 0
         self._outage_since = None
         self._warned = False
+
+
+def retrying(
+    call: Call[T],
+    *,
+    deadline: float | None = None,
+    attempts: int | None = None,
+    per_try: float | None = None,
+    cap: float = BACKOFF_CAP,
+) -> Flow[T]:
+    """Run ``call``, retrying transient errors with backoff (at most
+    ``cap`` seconds between two tries): until ``deadline`` (monotonic;
+    None: for ever) or for ``attempts`` tries.
+    Every script is safe to run again after a reply was lost. (A script
+    the server no longer has never gets here: the shells run a call
+    that meets NOSCRIPT again at once by the script's text, EVAL.)
+
+    Each try is due by the deadline (:func:`try_deadline`: no later than
+    ``per_try`` from its start, no sooner than one round trip, plus the
+    WAIT of a confirmed call), so a hung server costs a try no more
+    than what is left: its read times out, and the deadline decides."""
+    retrier = None  # made on the first failure: most calls never fail
+    floor = MIN_TRY if call.confirm is None else MIN_TRY + call.confirm[1] / 1000
+    while True:
+        if deadline is not None or per_try is not None:
+            call = call.until(try_deadline(deadline, per_try, floor))
+        try:
+            reply = yield call
+        except Exception as exc:
+            if retrier is None:
+                retrier = Retrier(call.script, deadline=deadline, attempts=attempts, cap=cap)
+            delay = retrier.next_delay(exc)
+            if delay is None:
+                refused = server_refusal(exc)
+                if refused is not None:
+                    raise refused from exc
+                raise
+            yield Sleep(delay)
+            continue
+        return call.parse(reply)
+
+
+def retry_single(
+    call: Call[T], budget: float = RETRY_BUDGET, per_try: float | None = None
+) -> Flow[T]:
+    """Run ``call``, retrying for ``budget`` seconds from its first try."""
+    return (yield from retrying(call, deadline=time.monotonic() + budget, per_try=per_try))
+
+
+class SingleCalls:
+    """The retries of a pool's calls that have no deadline of their own
+    (release, status, ...): a part of :class:`~.base.PoolBase`, whose
+    settings give the budgets."""
+
+    __slots__ = ()
+
+    #: See :attr:`.base.PoolBase.call_budget`.
+    call_budget: float
+    try_budget: float | None
+
+    def _single(self, call: Call[T]) -> Flow[T]:
+        """Run a call that has no deadline of its own, within the pool's
+        single-call budget (:attr:`call_budget`)."""
+        return retry_single(call, self.call_budget, self.try_budget)

@@ -3,7 +3,7 @@
 A pool operation (:mod:`.leasing`, :mod:`.admin`) yields :class:`Call`,
 :class:`Wait`, :class:`Sleep` and :class:`Command` (and :class:`Defer`,
 :class:`Settle`, :class:`Pending` for the ends still to deliver); a reader's loop
-(:class:`~.hub.Hub`) yields :class:`Beat`, :class:`Exchange`,
+(:class:`~.reader.Reader`) yields :class:`Beat`, :class:`Exchange`,
 :class:`Deliver` and :class:`Sleep`. The shells carry each one out with
 blocking or awaiting I/O and send back its result (or throw its error in).
 """
@@ -11,12 +11,9 @@ blocking or awaiting I/O and send back its result (or throw its error in).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
-
-if TYPE_CHECKING:
-    from .pending import End
 
 T = TypeVar("T")
 
@@ -38,7 +35,7 @@ class Call(Generic[T]):
     #: shells bound every socket read (and a reconnect) of the call by it; a
     #: read that runs out raises redis-py's ``TimeoutError``, which the flow
     #: retries within its deadline like any transport error. Set per try by
-    #: the flow (:meth:`PoolBase._retrying <.base.PoolBase._retrying>`).
+    #: the flow (:func:`~.retry.retrying`).
     deadline: float | None = None
 
     def until(self, deadline: float | None) -> Call[T]:
@@ -49,7 +46,7 @@ class Call(Generic[T]):
 class Wait(NamedTuple):
     """Wait up to ``timeout`` seconds (None: no limit) for the next message
     the client's reader routes to waiter ``lid``; send it, or, when none
-    came in time, the reader's :attr:`Hub.trouble` (None, or its last error
+    came in time, the reader's :attr:`~.reader.Reader.trouble` (None, or its last error
     while it fails)."""
 
     lid: str
@@ -68,9 +65,23 @@ class Command(NamedTuple):
     deadline: float | None = None
 
 
+@attrs.define
+class End:
+    """A cancel or a release to deliver (what a :class:`Defer` carries; the
+    client keeps them in :class:`~.pending.Ends`): ``call`` (its try bound
+    is set per try), for lease or request ``key``
+    (:func:`~.pending.end_key`), kept until ``until`` (monotonic)."""
+
+    what: str
+    pool: str
+    key: tuple[str, str]
+    call: Call[Any] = attrs.field(repr=False)
+    until: float
+
+
 class Defer(NamedTuple):
-    """Keep sending ``end`` (a :class:`~.pending.End`: a cancel or a release
-    that could not be confirmed) in the background until the server answers
+    """Keep sending ``end`` (a cancel or a release that could not be
+    confirmed) in the background until the server answers
     (:mod:`.pending`)."""
 
     end: End
@@ -113,7 +124,7 @@ class Exchange(NamedTuple):
 
 class Deliver(NamedTuple):
     """Put each ``(inbox, item)`` in its waiter's inbox, and release each
-    grant whose waiter left (``Pool._single(call)``). The reader does not
+    grant whose waiter left (:func:`~.retry.retry_single`). The reader does not
     yield to the woken waiters before its next round: on 2 cores that made
     a 2-process handoff 5 % faster and the throughput of 32 processes 18 %
     slower (docs/performance.md)."""
@@ -131,7 +142,3 @@ class Subscribe(NamedTuple):
 
 
 ReaderStep = Beat | Exchange | Deliver | Sleep | Subscribe
-
-
-#: Put on a waiter's queue by the router to make it poll once.
-RECHECK = "r|"

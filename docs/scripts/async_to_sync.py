@@ -52,7 +52,11 @@ COMPAT = PACKAGE / "_acompat.py"
 COMMAND = "python docs/scripts/async_to_sync.py"
 
 #: The asyncio modules of allocator/ and the blocking ones made from them.
-PAIRS = [("_async.py", "_sync.py"), ("_async_admin.py", "_sync_admin.py")]
+PAIRS = [
+    ("_async.py", "_sync.py"),
+    ("_async_admin.py", "_sync_admin.py"),
+    ("_async_keepalive.py", "_sync_keepalive.py"),
+]
 
 
 def source_mark(target: str) -> str:
@@ -76,6 +80,7 @@ RENAMES = {
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "_async_io": "_sync_io",
+    "_async_reader": "_sync_reader",
 }
 
 #: Text of docstrings and comments (never of f-strings), asyncio's and the

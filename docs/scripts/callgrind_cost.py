@@ -3,14 +3,34 @@ path: redis-server runs under callgrind (instruction counts do not depend on
 what else the machine does), the counters are zeroed before each phase and
 dumped after it.
 
-Columns: a PING; an uncontended ``acquire`` + ``release``, and the same
-with the pool's event log on (``set_events``); a ``renew``; and a
-handoff: one grant passed from one client to another, driven step by step
-in this thread (the waiter's ``acquire`` that queues, the holder's
-``release`` that grants and pushes, the waiter's pop of its grant and its
-acknowledgement), so that no reader thread and no heartbeat adds to it.
+Columns: a PING; the floor (below); an uncontended ``acquire`` +
+``release``, and the same with the pool's event log on (``set_events``); a
+``renew``; and a handoff: one grant passed from one client to another,
+driven step by step in this thread (the waiter's ``acquire`` that queues,
+the holder's ``release`` that grants and pushes, the waiter's pop of its
+grant and its acknowledgement), so that no reader thread and no heartbeat
+adds to it.
 
-    python docs/scripts/callgrind_cost.py [N]
+The floor is what a queued, fenced, leased grant costs at the least: two
+``FCALL`` of a bare Functions library (:data:`FLOOR`, loaded on the same
+server, measured the same way) that does only the commands such a grant
+needs. Its acquire adds a ticket to a stream (``XADD``, the same four
+fields as a ticket of the pool), takes a free resource (``ZPOPMIN``),
+draws its next fencing token (``HINCRBY``), reads the clock (``TIME``) and
+writes the lease record (``HSET``) and its deadline (``ZADD``); its release
+reads the record (``HGET``) and deletes it (``HDEL``), its deadline
+(``ZREM``) and its ticket (``XDEL``), and puts the resource back
+(``ZADD``). Each call passes the keys it touches and the arguments it
+reads, nothing else: no checks, no maintenance, no queue order, no
+counters. It shows what the pool's own bookkeeping costs on top (lua/README.md,
+"Costs").
+
+The server's timer (``serverCron``, ten times a second) is left out of the
+counts (``--toggle-collect``): its work follows the wall clock, so it grew
+with the load of the machine (under valgrind a loaded machine runs the same
+calls over more seconds). What is left depends only on the calls.
+
+    python docs/scripts/callgrind_cost.py [N] [--path functions|scripts]
 
 Needs valgrind (callgrind_control) and redis-server on PATH. About a minute.
 """
@@ -19,6 +39,7 @@ from __future__ import annotations
 
 import glob
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -29,8 +50,59 @@ from collections.abc import Callable
 import redis
 
 from allocator import FairAllocator, Lease
+from allocator._core.checks import default_owner
 from allocator._core.keys import KEY_SUFFIXES
 from allocator._scripts import scripts
+
+#: The floor: a bare Functions library doing only what a queued, fenced,
+#: leased grant needs (see the module's docstring). KEYS: the resources'
+#: fences (hash), the free resources (zset), the queue (stream), the lease
+#: records (hash), the deadlines (zset). ARGV of ``floor_acquire``: lease id,
+#: client id, ttl ms, owner; of ``floor_release``: lease id.
+FLOOR = """#!lua name=callgrind_floor
+redis.register_function('floor_acquire', function(KEYS, ARGV)
+  local ticket = redis.call('XADD', KEYS[3], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
+    'o', ARGV[4])
+  local name = redis.call('ZPOPMIN', KEYS[2])[1]
+  local token = redis.call('HINCRBY', KEYS[1], name, '1')
+  local t = redis.call('TIME')
+  local deadline = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[3])
+  redis.call('HSET', KEYS[4], ARGV[1], ticket .. '|' .. token .. '|' .. name)
+  redis.call('ZADD', KEYS[5], deadline, ARGV[1])
+  return {ticket, token, deadline, name}
+end)
+redis.register_function('floor_release', function(KEYS, ARGV)
+  local ticket, name = string.match(redis.call('HGET', KEYS[4], ARGV[1]), '^([^|]*)|[^|]*|(.*)$')
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[5], ARGV[1])
+  redis.call('XDEL', KEYS[3], ticket)
+  redis.call('ZADD', KEYS[2], '0', name)
+  return 1
+end)
+"""
+
+
+class Floor:
+    """The floor's cycle: ``floor_acquire`` + ``floor_release`` on a pool of
+    two resources, with lease ids and an owner as the pool's own calls send."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR)
+        self.keys = [f"cg-floor:{{x}}:{part}" for part in ("fence", "free", "q", "recs", "exp")]
+        client.zadd(self.keys[1], {"a": 0, "b": 0})
+        self.cid = secrets.token_urlsafe(9)
+        self.owner = default_owner()
+        for _ in range(50):
+            self.once()
+
+    def once(self) -> None:
+        lid = secrets.token_urlsafe(16)
+        keys = self.keys
+        self.client.execute_command(
+            "FCALL", "floor_acquire", len(keys), *keys, lid, self.cid, 60_000, self.owner
+        )
+        self.client.execute_command("FCALL", "floor_release", len(keys), *keys, lid)
 
 
 def free_port() -> int:
@@ -73,11 +145,18 @@ class Handoff:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    args = sys.argv[1:]
+    paths: tuple[str, ...] = ("scripts", "functions")
+    if "--path" in args:
+        at = args.index("--path")
+        paths = (args[at + 1],)
+        del args[at : at + 2]
+    n = int(args[0]) if args else 200
     out = tempfile.mkdtemp(prefix="callgrind-")
     port = free_port()
     server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p",
+        ["valgrind", "--tool=callgrind", "--toggle-collect=serverCron", "--collect-atstart=yes",
+         f"--callgrind-out-file={out}/cg.%p",
          "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -104,12 +183,13 @@ def main() -> None:
                         return int(line.split()[1]) / n
             return float("nan")
 
+        floor = measure(Floor(client).once)
         print(
-            f"{'path':<10} {'PING':>8} {'acquire+release':>16} {'with the log':>13} "
+            f"{'path':<10} {'PING':>8} {'floor':>8} {'acquire+release':>16} {'with the log':>13} "
             f"{'renew':>8} {'handoff':>8}"
             "   (instructions)"
         )
-        for path in ("scripts", "functions"):
+        for path in paths:
             scripts().enabled = path == "functions"
             own = redis.Redis(port=port)
             pool = FairAllocator(own, f"cg-{path}")
@@ -133,8 +213,8 @@ def main() -> None:
             pool.release(held)
             handoff = measure(Handoff(port, f"cg-{path}-handoff").once)
             print(
-                f"{path:<10} {ping:>8,.0f} {cycle:>16,.0f} {logged:>13,.0f} {renew:>8,.0f} "
-                f"{handoff:>8,.0f}"
+                f"{path:<10} {ping:>8,.0f} {floor:>8,.0f} {cycle:>16,.0f} {logged:>13,.0f} "
+                f"{renew:>8,.0f} {handoff:>8,.0f}"
             )
             own.close()
     finally:

@@ -8,7 +8,7 @@ import functools
 import time
 from typing import TYPE_CHECKING
 
-from allocator._core.liveness import HEARTBEAT_PRESENT
+from allocator._core.presence import HEARTBEAT_PRESENT
 from allocator.cli.bench.base import (
     LONG_TTL,
     BenchBase,

@@ -1,14 +1,30 @@
-"""A client's presence as a session, as its watch sees it
-(docs/concepts.md, "Presence as a session"): the decisions, shared by both
-shells, which listen on the presence connection, probe it and carry them
-out.
+"""A client's presence (docs/concepts.md#presence-as-a-session): what both
+shells decide about it, and carry out on the presence connection
+(allocator/_presence.py).
 
-While the client waits or holds a lease in a pool where it keeps a
-presence, a watch listens on the presence connection, so that a drop is
-seen the moment it happens, and subscribes again at once. Each new
-subscription is followed by the client's own confirmation of its return
-in every pool (lua/present.lua), which ends whatever absence the scripts
-found meanwhile: an absence that ended is never added to a later one.
+A client that keeps a presence holds one connection subscribed to a channel
+named by its id under each pool it waits in (:func:`presence_channel`,
+``<pool>:p:<client id>``), and its id starts with :data:`PRESENT`. The
+scripts count the channel's subscribers (``PUBSUB SHARDNUMSUB``): a process
+that dies has its sockets closed by its kernel, so it is found absent at
+once and is gone after :data:`GRACE`; one that is stopped or stalled keeps
+its connections, and so its place, until its mark runs out,
+:data:`ALIVE_PRESENT` after its last heartbeat. A client without a presence
+(the server or the ACL cannot count subscribers, a cluster, fakeredis) is
+judged by its liveness mark alone, as in 0.2 (:mod:`.liveness`); the clocks
+of a client by its id are :func:`alive_ms`, :func:`heartbeat_of` and
+:func:`silence`. (The scripts keep the other side of these rules: GRACE_MS
+in lua/prelude_defaults.lua, the marks in lua/prelude_clients.lua.) The
+pools in which a client keeps a presence, or cannot, and so its id in
+each, are its reader's presence table (:class:`Presences`).
+
+The holder's watch (:class:`Holds`): while the client waits or holds a
+lease in a pool where it keeps a presence, a watch listens on the presence
+connection, so that a drop is seen the moment it happens, and subscribes
+again at once. Each new subscription is followed by the client's own
+confirmation of its return in every pool (:func:`present`,
+lua/present.lua), which ends whatever absence the scripts found
+meanwhile: an absence that ended is never added to a later one.
 
 A lease acquired with ``reclaim_on_disconnect`` ends on the server once
 its holder has been absent (no subscriber on its channel) without a break
@@ -36,10 +52,164 @@ nothing periodic: the connection's close is all the server needs."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import attrs
 
-from .liveness import GRACE
+from .base import PoolBase
+from .liveness import ALIVE, ALIVE_MS, HEARTBEAT
+from .messages import ended_lease
+from .replies import _tagged, _unexpected
+from .retry import RETRY_BUDGET
+from .steps import Call
+
+#: The first characters of the id of a client that keeps a presence.
+PRESENT = "p."
+#: Longest a client's reader blocks on its signal list before it refreshes
+#: the client's liveness mark (:data:`.liveness.HEARTBEAT`), for a client
+#: that keeps a presence: its connection answers for it (a dead one is
+#: found by its presence, and every release looks at the queue head), so
+#: its reader refreshes the mark rarely: waiting then costs its process
+#: about 2 commands per heartbeat (the heartbeat and one blocking read),
+#: under one a second. No longer, so that a live waiter behind a crowd of
+#: dead ones, which only its heartbeat finds, is served within 2.5 s of
+#: their death. The reader waits for a blocking read's reply itself, so
+#: this may exceed the client's socket timeout.
+HEARTBEAT_PRESENT = 2.0
+#: The longest silence a client that keeps a presence may keep without its
+#: waiters losing their place (:data:`.liveness.ALIVE`): a dead one is told
+#: by its connection, so a stalled one can be given room: a live waiter
+#: stalled up to 10 s keeps its place (docs/concepts.md, 'Liveness marks,
+#: presence and dead waiters').
+ALIVE_PRESENT = 11.0
+#: How long a client that keeps a presence may be absent (no subscriber on
+#: its channel) before it counts as gone, counted from the first script run
+#: that found it so: a reconnect's time (GRACE_MS in lua/prelude_defaults.lua).
+GRACE = 1.0
+#: The longest pause between two tries of what keeps a waiter's place (its
+#: reader's rounds, its own looks at the queue) while the server is out of
+#: reach: after a restart or a failover, its client must be subscribed
+#: again well within the grace, or its waiters lose their place for the
+#: outage.
+WAITER_BACKOFF = GRACE / 2
+#: The liveness mark a refresh sets, in ms, for a client that keeps a
+#: presence (:data:`.liveness.ALIVE_MS`).
+ALIVE_PRESENT_MS = round((ALIVE_PRESENT + HEARTBEAT_PRESENT) * 1000)
+
+
+def presence_budget(timeout: float | None) -> float:
+    """How long an acquire may spend setting up its client's presence in a
+    pool (its first wait there): half the single-call budget, or of the
+    acquire's own (checked) timeout if that is shorter, so that the flow's
+    own tries keep the other half (a server that accepts connections and
+    never answers costs the acquire its timeout, not more)."""
+    return max(min(RETRY_BUDGET if timeout is None else timeout, RETRY_BUDGET) / 2, 0.05)
+
+
+def alive_ms(cid: str) -> int:
+    """The liveness mark (ms) that client ``cid`` sets at each refresh."""
+    return ALIVE_PRESENT_MS if cid.startswith(PRESENT) else ALIVE_MS
+
+
+def heartbeat_of(cid: str) -> float:
+    """How often the reader of client ``cid`` refreshes its mark, at the
+    longest."""
+    return HEARTBEAT_PRESENT if cid.startswith(PRESENT) else HEARTBEAT
+
+
+def silence(cid: str) -> float:
+    """The longest silence client ``cid`` may keep without losing its place."""
+    return ALIVE_PRESENT if cid.startswith(PRESENT) else ALIVE
+
+
+# -- the presence table -----------------------------------------------------------
+
+
+def presence_channel(pool: PoolBase, cid: str) -> str:
+    """The channel whose subscriber is client ``cid``'s presence in
+    ``pool`` (``<prefix>:{<name>}:p:<cid>``: in the pool's cluster slot)."""
+    return pool.keys[-1][: -len("s:")] + "p:" + cid
+
+
+def present(pool: PoolBase, cid: str) -> Call[int]:
+    """Client ``cid`` confirms its return to ``pool`` (lua/present.lua):
+    1 if the server counts its presence connection now (an absence it had
+    found is over), 0 if not (it dropped again: confirm on the next one),
+    -1 if the server cannot tell."""
+
+    def parse(reply: Any) -> int:
+        tag, rest = _tagged("present", reply)
+        if tag != "present" or len(rest) != 1:
+            raise _unexpected("present", reply)
+        return int(rest[0])
+
+    return Call("present", pool.keys, (cid,), parse)
+
+
+class Presences:
+    """The presence table of one client's reader: the pools in which the
+    client keeps a presence (its shell subscribed to the pool's channel
+    for it), or cannot, and so its id in each."""
+
+    def __init__(self, cid: str) -> None:
+        #: The client's plain id (its reader's).
+        self.cid = cid
+        #: Pools (by their first key) in which this client keeps a presence
+        #: (its channel there) or cannot (None); a pool not in it is not yet
+        #: decided.
+        self._presence: dict[str, str | None] = {}
+        #: The pools where it keeps one, to confirm its return there after
+        #: each (re)subscription (:func:`present`).
+        self._present_in: dict[str, PoolBase] = {}
+
+    @property
+    def present_cid(self) -> str:
+        """The client's id where it keeps a presence (:data:`PRESENT`)."""
+        return PRESENT + self.cid
+
+    def channel(self, pool: PoolBase) -> str:
+        """The client's presence channel in ``pool``."""
+        return presence_channel(pool, self.present_cid)
+
+    def decided(self, pool: PoolBase) -> bool:
+        return pool.keys[0] in self._presence
+
+    def decide(self, pool: PoolBase, kept: bool) -> None:
+        """Whether this client keeps a presence in ``pool``: its shell
+        subscribed to the pool's channel for it, or could not (it waits
+        there under the plain id, judged by its mark alone)."""
+        channel = self.channel(pool) if kept else None
+        self._presence.setdefault(pool.keys[0], channel)
+        if self._presence[pool.keys[0]] is not None:
+            self._present_in.setdefault(pool.keys[0], pool)
+
+    def forget(self) -> None:
+        """The presence connection was closed: every pool decides again."""
+        self._presence.clear()
+        self._present_in.clear()
+
+    def kept(self, pool: PoolBase) -> bool:
+        """Whether this client keeps a presence in ``pool``."""
+        return bool(self._presence.get(pool.keys[0]))
+
+    def cid_for(self, pool: PoolBase) -> str:
+        """The client's id in ``pool``."""
+        return self.present_cid if self.kept(pool) else self.cid
+
+    def channels(self) -> list[str]:
+        """The presence channels of the pools where this client keeps one
+        (waited in, or only held a lease in)."""
+        return [channel for channel in self._presence.values() if channel is not None]
+
+    def confirms(self) -> list[Call[int]]:
+        """After each (re)subscription of the presence connection: the
+        client's confirmation of its return in each pool where it keeps a
+        presence (:func:`present`), which ends the absence the scripts may
+        have started meanwhile, so that it is never added to a later one."""
+        return [present(pool, self.present_cid) for pool in self._present_in.values()]
+
+
+# -- the holder's watch ---------------------------------------------------------
 
 #: How often the watch sends a PING while a lease that ends with its
 #: holder's presence is held, so that a connection that stopped answering
@@ -134,8 +304,9 @@ class Holds:
         end of a lease is taken (:meth:`ended`); anything else is passed
         over."""
         for message in messages:
-            if message.startswith("e|"):
-                self.ended(message[2:])
+            lid = ended_lease(message)
+            if lid is not None:
+                self.ended(lid)
 
     def lost(self, lid: str, now: float) -> bool:
         """Whether this process must give up lease ``lid``: the server said

@@ -1,6 +1,6 @@
 """The reader's decisions: one reader per Redis client and process (and per
 event loop for asyncio) serves every waiter of that client, in every pool.
-:class:`Hub` decides its rounds (heartbeats, the round trip that
+:class:`Reader` decides its rounds (heartbeats, the round trip that
 acknowledges, blocks and pops, the routing of each message to its waiter,
 failures); the shells carry them out with a thread or a task."""
 
@@ -17,38 +17,40 @@ from typing import Any
 import attrs
 
 from .keys import PICK
-from .liveness import ACK_GIVE_UP, PRESENT, WAITER_BACKOFF, alive_ms, heartbeat_of, silence
+from .liveness import ACK_GIVE_UP
+from .messages import DELETED, GRANT, RECHECK, request_of, target
 from .pool import Pool
+from .presence import WAITER_BACKOFF, Presences, alive_ms, heartbeat_of, silence
 from .replicas import check_slot
-from .replies import _decode, _tagged, _unexpected, request_of
+from .replies import _decode, _tagged, _unexpected
 from .retry import BACKOFF_BASE, BACKOFF_CAP, Retrier
-from .steps import RECHECK, Beat, Call, Deliver, Exchange, ReaderStep, Sleep, Subscribe
+from .steps import Beat, Call, Deliver, Exchange, ReaderStep, Sleep, Subscribe
 
 _log = logging.getLogger("allocator")
 
 #: Messages a reader pops from one signal list per round trip.
 BATCH = 256
-#: Delivered grants a hub remembers, so that a grant message it sees again
+#: Delivered grants a reader remembers, so that a grant message it sees again
 #: (put back on the list after a lost reply) is not taken for a stray one.
 RECENT = 4096
 
 
 @attrs.define(eq=False)
 class _Served:
-    """A pool whose waiters a hub serves: its signal list for the hub's
+    """A pool whose waiters a reader serves: its signal list for the reader's
     client, the waiters (probed in turn), grants delivered but not yet
     acknowledged, and the pool's epoch last seen."""
 
     pool: Pool
     key: str
-    #: The client's id in this pool (its presence decides: liveness.py).
+    #: The client's id in this pool (its presence decides: presence.py).
     cid: str
     lids: collections.OrderedDict[str, None] = attrs.field(factory=collections.OrderedDict)
     acks: list[str] = attrs.field(factory=list)
     epoch: str | None = None
 
 
-class Hub:
+class Reader:
     """What the reader of one client (one per Redis client and process, and
     per event loop for asyncio) decides, for every pool it serves. Pure:
     the shells' readers carry out its plans with a thread or a task, and the
@@ -64,16 +66,11 @@ class Hub:
 
     def __init__(self, heartbeat: float) -> None:
         #: The client's id in the pools' liveness marks and signal lists. A
-        #: hub lives in one process: a forked child makes its own.
+        #: reader lives in one process: a forked child makes its own.
         self.cid = secrets.token_urlsafe(9)
         self.heartbeat = heartbeat
-        #: Pools (by their first key) in which this client keeps a presence
-        #: (its channel there) or cannot (None); a pool not in it is not yet
-        #: decided.
-        self._presence: dict[str, str | None] = {}
-        #: The pools where it keeps one, to confirm its return there after
-        #: each (re)subscription (:func:`present`).
-        self._present_in: dict[str, Pool] = {}
+        #: The pools in which this client keeps a presence, or cannot.
+        self.presences = Presences(self.cid)
         self._waiters: dict[str, tuple[_Served, Any]] = {}
         self._served: dict[str, _Served] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -89,58 +86,25 @@ class Hub:
         #: chains it to its AcquireTimeout.
         self.trouble: BaseException | None = None
         # The next heartbeat after an outage refreshes the client and
-        # subscribes it again (liveness.WAITER_BACKOFF).
+        # subscribes it again (presence.WAITER_BACKOFF).
         self._retrier = Retrier("waiting-list reader", cap=WAITER_BACKOFF)
         self._refusals = 0
         self._failing_since: float | None = None
 
     # -- presence -------------------------------------------------------------
 
-    @property
-    def present_cid(self) -> str:
-        """The client's id where it keeps a presence (liveness.PRESENT)."""
-        return PRESENT + self.cid
-
-    def presence_decided(self, pool: Pool) -> bool:
-        return pool.keys[0] in self._presence
-
-    def decide_presence(self, pool: Pool, kept: bool) -> None:
-        """Whether this client keeps a presence in ``pool``: its shell
-        subscribed to the pool's channel for it, or could not (it waits
-        there under the plain id, judged by its mark alone)."""
-        channel = pool.presence_channel(self.present_cid) if kept else None
-        self._presence.setdefault(pool.keys[0], channel)
-        if self._presence[pool.keys[0]] is not None:
-            self._present_in.setdefault(pool.keys[0], pool)
-
     def forget_presence(self) -> None:
         """The presence connection was closed (close()): every pool decides
-        again at its next wait. Only while nobody waits."""
+        again at its next wait (:meth:`Presences.forget
+        <.presence.Presences.forget>`). Only while nobody waits."""
         assert not self._waiters, "presence forgotten under waiters"
-        self._presence.clear()
-        self._present_in.clear()
+        self.presences.forget()
         self._served = {k: s for k, s in self._served.items() if s.acks}
-
-    def cid_for(self, pool: Pool) -> str:
-        """The client's id in ``pool``."""
-        return self.present_cid if self._presence.get(pool.keys[0]) else self.cid
-
-    def channels(self) -> list[str]:
-        """The presence channels of the pools where this client keeps one
-        (waited in, or only held a lease in)."""
-        return [channel for channel in self._presence.values() if channel is not None]
-
-    def confirms(self) -> list[Call[int]]:
-        """After each (re)subscription of the presence connection: the
-        client's confirmation of its return in each pool where it keeps a
-        presence (:func:`present`), which ends the absence the scripts may
-        have started meanwhile, so that it is never added to a later one."""
-        return [present(pool, self.present_cid) for pool in self._present_in.values()]
 
     # -- waiters ------------------------------------------------------------
 
     def register(self, pool: Pool, lid: str, inbox: Any) -> None:
-        cid = self.cid_for(pool)
+        cid = self.presences.cid_for(pool)
         key = pool.signal_key(cid)
         served = self._served.get(key)
         if served is None:
@@ -182,7 +146,7 @@ class Hub:
     def interval(self) -> float:
         """How often the heartbeat comes: for the clients ids of the pools
         with waiters (a client that keeps a presence beats rarely:
-        liveness.HEARTBEAT_PRESENT), within the reader's own bound."""
+        presence.HEARTBEAT_PRESENT), within the reader's own bound."""
         cids = {s.cid for s in self._served.values() if s.lids}
         return min([self.heartbeat, *(heartbeat_of(cid) for cid in cids)])
 
@@ -305,8 +269,8 @@ class Hub:
             return None, None, None
         pool = served.pool
         text = _decode(message)
-        lid = Pool.message_target(text)
-        grant = text.startswith("g|")
+        lid = target(text)
+        grant = text.startswith(GRANT)
         # A lease of acquire_many goes to the waiter of its request.
         entry = self._waiters.get(lid) or self._waiters.get(request_of(lid))
         if entry is not None and entry[0] is served:
@@ -317,7 +281,7 @@ class Hub:
                 return entry[1], RECHECK, None
             if grant:
                 self._remember(served, lid)
-            elif text.startswith("d|"):
+            elif text.startswith(DELETED):
                 # Its pool was deleted: no more heartbeats for this waiter,
                 # which would make the pool's keys again before it leaves.
                 served.lids.pop(lid, None)
@@ -349,7 +313,7 @@ class Hub:
                     results = yield Beat(self.beats())
                     inboxes, again, resubscribe = self.beaten(clock(), results)
                     if resubscribe:
-                        yield Subscribe(self.channels())
+                        yield Subscribe(self.presences.channels())
                     if inboxes:
                         yield Deliver([(inbox, RECHECK) for inbox in inboxes], [])
                     if again:
@@ -425,21 +389,6 @@ def heartbeat(pool: Pool, cid: str, probe: str) -> Call[Beaten]:
     return Call("poll", own, ("", cid, alive_ms(cid), probe), parse)
 
 
-def present(pool: Pool, cid: str) -> Call[int]:
-    """Client ``cid`` confirms its return to ``pool`` (lua/present.lua):
-    1 if the server counts its presence connection now (an absence it had
-    found is over), 0 if not (it dropped again: confirm on the next one),
-    -1 if the server cannot tell."""
-
-    def parse(reply: Any) -> int:
-        tag, rest = _tagged("present", reply)
-        if tag != "present" or len(rest) != 1:
-            raise _unexpected("present", reply)
-        return int(rest[0])
-
-    return Call("present", pool.keys, (cid,), parse)
-
-
 def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, too_long: bool) -> bool:
     """After a reader's heartbeat: must every local waiter check its ticket?
 
@@ -468,7 +417,7 @@ READ_SLACK = 5.0
 def round_commands(
     acks: list[tuple[str, list[str]]], keys: list[str], block: float, multipop: bool = True
 ) -> list[tuple[str | int, ...]]:
-    """The commands of a reader's round (see :class:`Hub`), for one pipeline:
+    """The commands of a reader's round (see :class:`Reader`), for one pipeline:
     the acknowledgements, then one ``BLMPOP`` that blocks and pops up to
     :data:`BATCH` messages of the first list that has any (Redis >= 7,
     Valkey), or, where the server has no ``BLMPOP`` (``multipop`` False:

@@ -1,0 +1,183 @@
+"""How much of a call is its commands: the commands an uncontended
+``acquire`` + ``release`` and a ``renew`` send (``MONITOR`` shows them), in
+the same order, with the same keys and arguments, sent by a bare Functions
+library (:data:`REPLAY`) whose only Lua builds their arguments: no checks,
+no records read into tables, no helpers. Measured beside the pool's own
+calls on the same server, as ``callgrind_cost.py`` measures (callgrind, the
+server's timer left out):
+
+    python docs/scripts/callgrind_replay.py [N]
+
+The difference is what the pool's Lua costs around its commands. The
+replay mirrors the commands of the scripts as of 2026-11-26 (lua/README.md,
+"Against a floor"): a change of what a grant sends needs a change here.
+Needs valgrind (callgrind_control) and redis-server on PATH.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import redis
+from callgrind_cost import free_port
+
+from allocator import FairAllocator
+from allocator._core.checks import default_owner
+from allocator._scripts import scripts
+
+#: The commands of an uncontended acquire (it grants), a release (nobody
+#: waits) and a renew, as the pool's scripts send them.
+REPLAY = r"""#!lua name=callgrind_replay
+redis.register_function('replay_acquire', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local us = t[1] * 1000000 + t[2]
+  local now = (us - us % 1000) / 1000
+  local now_s = t[1] .. string.sub('00000' .. t[2], -6)
+  redis.call('HGET', KEYS[7], ARGV[1])
+  redis.call('HMGET', KEYS[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  redis.call('XLEN', KEYS[6])
+  redis.call('ZCARD', KEYS[8])
+  local id = redis.call('XADD', KEYS[6], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
+    'o', ARGV[8])
+  local best = redis.call('ZRANGE', KEYS[4], '0', '0')[1]
+  local name = string.sub(best, 15)
+  redis.call('HGET', KEYS[2], name)
+  redis.call('XCLAIM', KEYS[6], 'g', 'd', '0', id, 'FORCE', 'JUSTID')
+  redis.call('HSET', KEYS[1], 'ld', id)
+  redis.call('ZREM', KEYS[4], best)
+  redis.call('HSET', KEYS[2], name, '1|0|1|' .. now_s .. '|a|0||0|0|0')
+  redis.call('ZADD', KEYS[14], '0', name .. '\0' .. ARGV[1])
+  redis.call('HINCRBY', KEYS[15], 'w1', '1')
+  local dl = string.format('%d', now + ARGV[3])
+  redis.call('HSET', KEYS[7], ARGV[1], 'L|' .. id .. '|' .. now_s .. '|' .. now_s .. '|' .. dl ..
+    '|' .. ARGV[3] .. '|' .. ARGV[2] .. '|0|' .. name)
+  redis.call('ZADD', KEYS[8], dl, ARGV[1])
+  return {'granted', id, now_s, now_s, now + ARGV[3], ARGV[3], name}
+end)
+redis.register_function('replay_release', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local us = t[1] * 1000000 + t[2]
+  local now_s = t[1] .. string.sub('00000' .. t[2], -6)
+  redis.call('HMGET', KEYS[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  local name = string.match(redis.call('HGET', KEYS[7], ARGV[1]), '|([^|]*)$')
+  redis.call('HDEL', KEYS[7], ARGV[1])
+  redis.call('ZREM', KEYS[8], ARGV[1])
+  redis.call('XACK', KEYS[6], 'g', ARGV[2])
+  redis.call('XDEL', KEYS[6], ARGV[2])
+  redis.call('ZREM', KEYS[14], name .. '\0' .. ARGV[1])
+  redis.call('HGET', KEYS[2], name)
+  redis.call('XLEN', KEYS[6])
+  redis.call('ZCARD', KEYS[8])
+  local stamp = string.format('%014x', us)
+  redis.call('ZADD', KEYS[4], '0', stamp .. name)
+  redis.call('HSET', KEYS[2], name, '1|0|0|' .. now_s .. '|a|0|' .. stamp .. '|0|0|0')
+  return {'released'}
+end)
+redis.register_function('replay_renew', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local us = t[1] * 1000000 + t[2]
+  local now = (us - us % 1000) / 1000
+  redis.call('HMGET', KEYS[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  local rec = redis.call('HGET', KEYS[7], ARGV[1])
+  redis.call('HGET', KEYS[2], string.match(rec, '|([^|]*)$'))
+  local dl = string.format('%d', now + ARGV[3])
+  redis.call('HSET', KEYS[7], ARGV[1], rec)
+  redis.call('ZADD', KEYS[8], dl, ARGV[1])
+  redis.call('XLEN', KEYS[6])
+  redis.call('ZCARD', KEYS[8])
+  return {'renewed', now + ARGV[3]}
+end)
+"""
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    scripts().enabled = True
+    out = tempfile.mkdtemp(prefix="callgrind-")
+    port = free_port()
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--toggle-collect=serverCron", "--collect-atstart=yes",
+         f"--callgrind-out-file={out}/cg.%p",
+         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(port=port)
+        for _ in range(300):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.2)
+        client.execute_command("FUNCTION", "LOAD", "REPLACE", REPLAY)
+
+        def measure(run: Callable[[], object]) -> float:
+            subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
+            for _ in range(n):
+                run()
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
+            time.sleep(0.5)
+            newest = max(glob.glob(f"{out}/cg.*"), key=os.path.getmtime)
+            with open(newest, encoding="utf-8") as dump:
+                for line in dump:
+                    if line.startswith(("summary:", "totals:")):
+                        return int(line.split()[1]) / n
+            return float("nan")
+
+        # One pool for both: the replay works on the pool's own keys, so
+        # that each command meets the same data as the pool's calls.
+        pool = FairAllocator(client, "cg-replay")
+        pool.extend(["a", "b"])
+        for _ in range(50):
+            pool.release(pool.acquire())
+        keys = list(pool._pool.keys)
+        cid = "p." + secrets.token_urlsafe(9)
+        own = [*keys, pool._pool.signal_key(cid)]
+        owner = default_owner()
+
+        def replay_cycle() -> None:
+            lid = secrets.token_urlsafe(16)
+            reply = client.execute_command(
+                "FCALL", "replay_acquire", len(own), *own,
+                lid, cid, 60_000, 12_000, "1", "", 0, owner,
+            )  # fmt: skip
+            client.execute_command(
+                "FCALL", "replay_release", len(keys), *keys, lid, reply[1], "", ""
+            )
+
+        def cycle() -> None:
+            pool.release(pool.acquire())
+
+        for _ in range(50):
+            replay_cycle()
+        replayed, real = measure(replay_cycle), measure(cycle)
+        held = pool.acquire()
+
+        def replay_renew() -> None:
+            client.execute_command(
+                "FCALL", "replay_renew", len(keys), *keys, held.id, held.ticket, 60_000
+            )
+
+        def renew() -> None:
+            pool.renew(held)
+
+        renew_replayed, renew_real = measure(replay_renew), measure(renew)
+        ping = measure(client.ping)
+        print(f"{'':<26} {'commands only':>14} {'the pool':>10}   (instructions, PING {ping:,.0f})")
+        print(f"{'acquire+release':<26} {replayed:>14,.0f} {real:>10,.0f}")
+        print(f"{'renew':<26} {renew_replayed:>14,.0f} {renew_real:>10,.0f}")
+    finally:
+        server.terminate()
+        server.wait()
+
+
+if __name__ == "__main__":
+    main()
