@@ -17,11 +17,12 @@
 -- The queue stays the stream; the index only says who is next, and each
 -- change of it is O(log n) in waiters and tenants:
 -- TW (KEYS[17], `<p>:tw`), the waiting tickets by tenant, all scores 0,
---   members `<tenant>\0<ticket id as P.tid>`: a tenant's line is a lex
---   range (tenants hold no control character);
+--   members `<tenant>\0<ticket id in fixed width, 15 and 10 digits>`: a
+--   tenant's line is a lex range in arrival order (tenants hold no control
+--   character);
 -- TQ (KEYS[18], `<p>:tq`), the waiting tenants in the order they are
---   served, all scores 0, members `<count: 14 hex><first ticket as
---   P.tid><tenant>`, changed by a remove and an add;
+--   served, all scores 0, members `<count: 14 hex><its first ticket, in
+--   fixed width><tenant>`, changed by a remove and an add;
 -- TEN (KEYS[19], `<p>:tenants`), per tenant `c|` its count (14 hex), `w|`
 --   its weight, `g|` its grants; `v` the start of the last grant (14 hex).
 -- The keys are declared, and named here from KEYS[15] (as P:event names
@@ -64,7 +65,11 @@ function P:tenant_line(op, T, id, mend)
   -- The ticket's id in fixed width (15 and 10 digits), so that members
   -- sort as the queue does.
   local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
-  local tid = ms and string.rep('0', 15 - #ms) .. ms .. string.rep('0', 10 - #seq) .. seq or id
+  if not ms or #ms > 15 or #seq > 10 then
+    -- (No id the server makes: an entry added by hand is left out.)
+    return
+  end
+  local tid = string.rep('0', 15 - #ms) .. ms .. string.rep('0', 10 - #seq) .. seq
   local me, lo, hi, n = T .. '\0' .. tid, '[' .. T .. '\0', '(' .. T .. '\1', #T + 2
   local added, removed = false, false
   if op == 'join' then
@@ -201,10 +206,13 @@ function P:tenant_next(after)
     if not id then
       return nil
     end
-    -- Back from P.tid: the leading zeros of each part go.
+    -- Back from the fixed width: the leading zeros of each part go. (A
+    -- member written by hand may name no stream id: XRANGE refuses it,
+    -- and it is met as a ticket gone.)
     local full = string.gsub(string.sub(id, 1, 15), '^0+(%d)', '%1') .. '-' ..
       string.gsub(string.sub(id, 16), '^0+(%d)', '%1')
-    local e = redis.call('XRANGE', self.Q, full, full)[1]
+    local e = redis.pcall('XRANGE', self.Q, full, full)
+    e = not e.err and e[1]
     local t = e and self.ticket_of(e)
     if after then
       return t
