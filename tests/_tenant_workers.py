@@ -17,6 +17,8 @@ from allocator import FairAllocator
 def tenant_client(url: str, name: str, inbox: Any, outbox: Any) -> None:
     """Commands (tuples):
 
+    - ``("warm",)``: one acquire and release (a resource must be free);
+      reports ``("warm", None)``;
     - ``("queue", tag, tenant, hold)``: a thread acquires for ``tenant`` and
       reports ``("granted", grant)`` (a dict: tag, tenant, token, ticket,
       resource); with ``hold``, it keeps the lease until ``("release", tag)``
@@ -84,7 +86,12 @@ def tenant_client(url: str, name: str, inbox: Any, outbox: Any) -> None:
 
     while True:
         command = inbox.get()
-        if command[0] == "queue":
+        if command[0] == "warm":
+            # One request before the test's: the client's reader and
+            # presence are set up before many threads start at once.
+            pool.release(pool.acquire(timeout=120))
+            report("warm", None)
+        elif command[0] == "queue":
             _, tag, tenant, hold = command
             gates[tag] = threading.Event()
             start(one, tag, tenant, hold, None)

@@ -41,8 +41,13 @@ class Clients:
         self.held: list[tuple[str, Any]] = []
 
     def new(self) -> Proc:
+        """A worker whose client has made one request already (a resource
+        must be free): its reader and presence are set up before the test
+        starts many requests at once."""
         proc = self.start(tenant_client, self.url, self.name)
         self.procs.append(proc)
+        proc.send(("warm",))
+        proc.expect("warm", timeout=60)
         return proc
 
     def next(self, kind: str = "granted", timeout: float = 60.0) -> Any:
@@ -122,9 +127,9 @@ def test_a_lone_request_is_not_stuck_behind_a_burst(
     queued; under ``fifo`` it comes after the whole burst."""
     admin.extend(["only"])
     admin.set_order(order)
-    held = admin.acquire(timeout=5)
     workers = clients()
     bursts, lone = [workers.new(), workers.new()], workers.new()
+    held = admin.acquire(timeout=5)
     for i in range(50):
         bursts[i % 2].send(("queue", f"b{i}", "burst", False))
     queued(admin, 50)
@@ -159,9 +164,9 @@ def test_weights_share_the_resource_three_to_one(
     admin.extend(["only"])
     admin.set_order("tenant")
     admin.set_tenant_weight("heavy", 3)
-    held = admin.acquire(timeout=5)
     workers = clients()
     heavy, light = workers.new(), workers.new()
+    held = admin.acquire(timeout=5)
     heavy.send(("sustain", "heavy", 3))
     light.send(("sustain", "light", 3))
     queued(admin, 6)
@@ -285,9 +290,9 @@ def test_switching_the_order_under_load(
     No request is granted twice or lost, and never more than two leases
     are held at once."""
     admin.extend(["r1", "r2"])
-    held = [admin.acquire(timeout=5), admin.acquire(timeout=5)]
     workers = clients()
     b, lone = workers.new(), workers.new()
+    held = [admin.acquire(timeout=5), admin.acquire(timeout=5)]
     tenant_of: dict[str, Proc] = {}
     for i in range(12):
         b.send(("queue", f"B{i:02d}", "B", True))
@@ -404,9 +409,9 @@ def test_several_resources_at_once_are_not_starved(
     tenant is served before it, and it is granted while S still waits."""
     admin.extend(["r1", "r2"])
     admin.set_order("tenant")
-    held = [admin.acquire(timeout=5), admin.acquire(timeout=5)]
     workers = clients()
     single, many = workers.new(), workers.new()
+    held = [admin.acquire(timeout=5), admin.acquire(timeout=5)]
     for i in range(10):
         single.send(("queue", f"S{i}", "S", False))
         queued(admin, i + 1)
@@ -457,9 +462,9 @@ def test_a_dead_waiter_of_a_tenant_is_passed_over(
     back once its client is gone, and the others are served."""
     admin.extend(["only"])
     admin.set_order("tenant")
-    held = admin.acquire(timeout=5)
     workers = clients()
     doomed, a, b = workers.new(), workers.new(), workers.new()
+    held = admin.acquire(timeout=5)
     doomed.send(("queue", "X", "A", False))
     queued(admin, 1)
     a.send(("queue", "Y", "A", False))

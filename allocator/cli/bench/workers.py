@@ -376,6 +376,9 @@ def tenants_worker(spec: TenantsSpec, conn: Connection) -> None:
         )
         client.ping()
         pool = FairAllocator(client, spec.pool, prefix=spec.prefix, tenant=spec.role)
+        # One request before the run, so that the client's reader and
+        # presence are set up before a burst's threads all start at once.
+        pool.release(pool.acquire(timeout=SOCKET_TIMEOUT))
         conn.send(("ready", None))
         start_ns = conn.recv()
         if not isinstance(start_ns, int):
