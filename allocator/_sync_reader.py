@@ -173,11 +173,14 @@ class Reader:
 
     def renewed(self, lease: Lease) -> None:
         with self._lock:
+            self.core.claimed(lease.id)
             self.holds.renewed(lease.id, time.monotonic(), lease.ttl)
             self.reclaimable.renewed(lease, time.monotonic())
 
     def unhold(self, lease: Lease) -> None:
+        """``lease`` was released (its release went through)."""
         with self._lock:
+            self.core.claimed(lease.id)
             self.holds.drop(lease.id, time.monotonic())
             self.reclaimable.drop(lease.id)
 
