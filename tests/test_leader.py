@@ -141,6 +141,47 @@ def test_a_leader_whose_time_runs_out_hands_the_lead_on(
     assert True not in thread_leads
 
 
+def test_a_waiter_on_its_way_out_starts_no_thread(
+    client: Any, pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a waiter leaves to acknowledge is the reader's thread's to send,
+    and the thread is started once, then asked: a waiter returning from
+    acquire() never waits for a thread to start (on a loaded machine that
+    took tens of milliseconds, and delayed the grant's holder as long)."""
+    import allocator._sync_reader
+
+    # The thread lingers for the whole test, however slow the machine.
+    monkeypatch.setattr(allocator._sync_reader, "THREAD_LINGER", 600.0)
+    starts: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        if self.name == "allocator-reader":
+            starts.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    reader = reader_for(client, pool._pool)
+    pick = pool._pool.keys[PICK]
+    for turn in range(3):
+        held = pool.acquire(timeout=5)
+        got: list[Any] = []
+        waiter = acquire_in_thread(pool, 30, got)
+        wait_until(lambda: blocked_readers(client) == 1, what="the waiter blocked in its read")
+        assert pool.release(held)
+        waiter.join(30)
+        assert isinstance(got[0], Lease)
+        # Its grant, still held, is acknowledged by the reader's thread.
+        wait_until(lambda: client.zcard(pick) == 0, what=f"grant {turn} acknowledged")
+        wait_until(lambda: not reader.reading, what=f"the reading ended after grant {turn}")
+        assert pool.release(got[0])
+    assert starts == ["allocator-reader"]
+    pool.close()
+    assert reader._thread is None  # close() ends the thread
+
+
 def test_a_released_grant_is_not_acknowledged_again(
     redis_url: str, pool_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
