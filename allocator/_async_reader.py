@@ -150,10 +150,13 @@ class Reader:
             self._watcher = self.loop.create_task(self._watch())
 
     def renewed(self, lease: Lease) -> None:
+        self.core.claimed(lease.id)
         self.holds.renewed(lease.id, self.loop.time(), lease.ttl)
         self.reclaimable.renewed(lease, self.loop.time())
 
     def unhold(self, lease: Lease) -> None:
+        """``lease`` was released (its release went through)."""
+        self.core.claimed(lease.id)
         self.holds.drop(lease.id, self.loop.time())
         self.reclaimable.drop(lease.id)
 

@@ -30,6 +30,7 @@ from ._core.lead import (
     LEAD,
     PARTIAL,
     THREAD,
+    THREAD_LINGER,
     Lead,
     step_error,
     take_item,
@@ -92,7 +93,15 @@ class Reader:
         self.core = core.Reader(reader_heartbeat(client))
         self._lock = threading.Lock()
         self.lead = Lead(self.core)
+        #: The reader's own thread (see _run), while it lives.
         self._thread: threading.Thread | None = None
+        #: Asks the thread (under the lock): when it is due to look for
+        #: rounds that nobody carried, whether it waits to be asked, and
+        #: whether it ends once it has nothing left to do (finish()).
+        self._asked = threading.Condition(self._lock)
+        self._thread_due: float | None = None
+        self._thread_parked = False
+        self._retire = False
         self._conn: Any = None
         #: The connection pool ``_conn`` came from: the client's, or on a
         #: cluster that of the master of the reader's slot.
@@ -173,11 +182,14 @@ class Reader:
 
     def renewed(self, lease: Lease) -> None:
         with self._lock:
+            self.core.claimed(lease.id)
             self.holds.renewed(lease.id, time.monotonic(), lease.ttl)
             self.reclaimable.renewed(lease, time.monotonic())
 
     def unhold(self, lease: Lease) -> None:
+        """``lease`` was released (its release went through)."""
         with self._lock:
+            self.core.claimed(lease.id)
             self.holds.drop(lease.id, time.monotonic())
             self.reclaimable.drop(lease.id)
 
@@ -329,6 +341,9 @@ class Reader:
         presence."""
         with self._lock:
             thread = None if self.core.waiting else self._thread
+            if thread is not None:
+                self._retire = True
+                self._asked.notify()
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.core.heartbeat + READ_SLACK)
         with self._lock:
@@ -386,26 +401,71 @@ class Reader:
 
     def _wake(self, whom: Any) -> None:
         """Carry out what the lead decided: hand it to a follower (its
-        inbox), or start the reader's thread. Under the lock."""
+        inbox), or ask the reader's thread, which looks ACK_DELAY later.
+        Under the lock.
+
+        The thread is started once and then only asked (a notification):
+        a waiter on its way out of ``acquire()`` never waits for a thread
+        to start, which takes as long as the system takes to schedule it
+        (tens of milliseconds on a loaded machine)."""
         if whom is THREAD:
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread_due is None:
+                self._thread_due = time.monotonic() + ACK_DELAY
+            if self._thread is None:
+                self._retire = False
                 self._thread = threading.Thread(
                     target=self._run, name="allocator-reader", daemon=True
                 )
-                self._thread.start()
+                try:
+                    self._thread.start()
+                except BaseException:
+                    self._thread = None  # the next ask starts one again
+                    raise
+            elif self._thread_parked:
+                self._asked.notify()
         elif whom is not None:
             whom.put(LEAD)
 
     def _run(self) -> None:
-        time.sleep(ACK_DELAY)
-        with self._lock:
-            if not self.lead.thread_takes():
-                return  # a waiter leads, or comes to lead
+        """The reader's thread: leads the rounds that nobody waiting is left
+        to carry, ACK_DELAY after it was asked, if nobody waits then."""
         try:
-            self._lead(THREAD, None, None)
+            while self._thread_takes():
+                try:
+                    self._lead(THREAD, None, None)
+                finally:
+                    with self._lock:
+                        self._wake(self.lead.leave(THREAD))
         finally:
             with self._lock:
-                self._wake(self.lead.leave(THREAD))
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _thread_takes(self) -> bool:
+        """The thread waits until it is due, then takes the lead if nobody
+        waits (else it waits to be asked again); False when it ends: not
+        asked for THREAD_LINGER, or finish() ended it."""
+        with self._lock:
+            while True:
+                due = self._thread_due
+                if due is None:
+                    if not self._retire:
+                        self._thread_parked = True
+                        try:
+                            self._asked.wait(THREAD_LINGER)
+                        finally:
+                            self._thread_parked = False
+                    if self._thread_due is None:
+                        self._thread = None
+                        return False
+                    continue
+                left = due - time.monotonic()
+                if left > 0 and not self._retire:
+                    self._asked.wait(left)
+                    continue
+                self._thread_due = None
+                if self.lead.thread_takes():
+                    return True
 
     def _carry(self, step: ReaderStep, deadline: float | None) -> Any:
         """Carry out a step of the core's rounds

@@ -297,8 +297,12 @@ def test_arrival_order_row_adds_runs_up_within_their_windows() -> None:
     bench = SimpleNamespace(library_runs=[lib1, lib2], token_runs=[tok], details={}, rows=[])
     bench.add = bench.rows.append
     Contended._arrival_order_row(bench)  # type: ignore[arg-type]
-    (row,) = bench.rows
+    row, tight = bench.rows
     assert (row.key, row.value, row.baseline) == ("3c", 2.0, 1.0)
+    # 3d: by more than 1 ms, the 4 ms lead counts too.
+    assert (tight.key, tight.value, tight.baseline) == ("3d", 3.0, 1.0)
+    assert tight.text == "3 in 6 grants" and tight.passed is False
+    assert bench.details["arrival_order_tight"]["library"]["more_than_ns"] == MS
     assert row.text == "2 in 6 grants, worst 9.00 ms"
     assert row.baseline_name == "token list, worst 20.00 ms"
     assert row.passed is False
@@ -309,8 +313,8 @@ def test_arrival_order_row_adds_runs_up_within_their_windows() -> None:
     bench = SimpleNamespace(library_runs=[in_order], token_runs=[], details={}, rows=[])
     bench.add = bench.rows.append
     Contended._arrival_order_row(bench)  # type: ignore[arg-type]
-    assert bench.rows[0].passed is True
-    assert bench.rows[0].baseline is None
+    assert bench.rows[0].passed is True and bench.rows[1].passed is True
+    assert bench.rows[0].baseline is None and bench.rows[1].baseline is None
 
 
 def test_arrival_order_rejects_a_negative_threshold() -> None:

@@ -141,6 +141,109 @@ def test_a_leader_whose_time_runs_out_hands_the_lead_on(
     assert True not in thread_leads
 
 
+def test_a_waiter_on_its_way_out_starts_no_thread(
+    client: Any, pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a waiter leaves to acknowledge is the reader's thread's to send,
+    and the thread is started once, then asked: a waiter returning from
+    acquire() never waits for a thread to start (on a loaded machine that
+    took tens of milliseconds, and delayed the grant's holder as long)."""
+    import allocator._sync_reader
+
+    # The thread lingers for the whole test, however slow the machine.
+    monkeypatch.setattr(allocator._sync_reader, "THREAD_LINGER", 600.0)
+    starts: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        if self.name == "allocator-reader":
+            starts.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    reader = reader_for(client, pool._pool)
+    pick = pool._pool.keys[PICK]
+    for turn in range(3):
+        held = pool.acquire(timeout=5)
+        got: list[Any] = []
+        waiter = acquire_in_thread(pool, 30, got)
+        wait_until(lambda: blocked_readers(client) == 1, what="the waiter blocked in its read")
+        assert pool.release(held)
+        waiter.join(30)
+        assert isinstance(got[0], Lease)
+        # Its grant, still held, is acknowledged by the reader's thread.
+        wait_until(lambda: client.zcard(pick) == 0, what=f"grant {turn} acknowledged")
+        wait_until(lambda: not reader.reading, what=f"the reading ended after grant {turn}")
+        assert pool.release(got[0])
+    assert starts == ["allocator-reader"]
+    pool.close()
+    assert reader._thread is None  # close() ends the thread
+
+
+def test_a_released_grant_is_not_acknowledged_again(
+    redis_url: str, pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release claims its grant on the server: a worker that loops
+    acquire, release sends no acknowledgement of its own, so each of its
+    rounds is the blocking pop alone (one command a round on Redis >= 7)."""
+    import allocator._sync_reader
+
+    # Only rounds may acknowledge here: the reader's thread never comes.
+    monkeypatch.setattr(allocator._sync_reader, "ACK_DELAY", 600.0)
+    rounds: list[list[tuple[Any, ...]]] = []
+    made = allocator._sync_reader.round_commands
+
+    def recorded(*args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        commands = made(*args, **kwargs)
+        rounds.append(commands)
+        return commands
+
+    monkeypatch.setattr(allocator._sync_reader, "round_commands", recorded)
+    # Two clients: each worker has a reader of its own, whose rounds
+    # carry only that worker's acknowledgements.
+    clients = [redis.Redis.from_url(redis_url) for _ in range(2)]
+    pools = [FairAllocator(c, pool_name) for c in clients]
+    pools[0].extend(["r"])
+    cycles = 4
+    errors: list[BaseException] = []
+    finished: list[FairAllocator] = []
+
+    def worker(pool: FairAllocator) -> None:
+        try:
+            for _ in range(cycles):
+                lease = pool.acquire(timeout=30)
+                # Release only once the other waits (or is done): every
+                # acquire is served by a push, read by its own round.
+                wait_until(
+                    lambda: bool(finished) or pool.status().waiting == 1,
+                    timeout=30,
+                    what="the other waiting",
+                )
+                assert pool.release(lease)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            finished.append(pool)
+
+    first = pools[0].acquire(timeout=5)
+    threads = [threading.Thread(target=worker, args=(pool,), daemon=True) for pool in pools]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: pools[0].status().waiting == 2, what="both workers waiting")
+    assert pools[0].release(first)
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    popping = [c for c in rounds if any(command[0] in ("BLMPOP", "BLPOP") for command in c)]
+    assert len(popping) >= 2 * cycles
+    assert [c for commands in rounds for c in commands if c[0] == "ZREM"] == []
+    for pool, made_client in zip(pools, clients, strict=True):
+        pool.close()
+        made_client.close()
+
+
 def test_asyncio_waiters_lead_in_turn(redis_url: str, pool_name: str) -> None:
     async def run() -> list[int]:
         client = redis.asyncio.Redis.from_url(redis_url)

@@ -450,14 +450,14 @@ def test_the_exit_hook_is_registered_once(client: Any, pool_name: str) -> None:
 
 
 def test_keepalive_stop_passes_the_callers_cancellation_on(redis_url: str, pool_name: str) -> None:
-    from allocator._async import _Keeper
+    from allocator._async_keepalive import Keeper
 
     async def scenario() -> None:
         aclient = redis.asyncio.Redis.from_url(redis_url)
         apool = AsyncFairAllocator(aclient, pool_name)
         await apool.extend(["r"])
         lease = await apool.acquire(timeout=5, ttl=30)
-        keeper = _Keeper(apool, lease)
+        keeper = Keeper(apool, lease)
 
         async def stopper() -> str:
             await keeper.stop()

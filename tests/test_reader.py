@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import FairAllocator, Lease
+from allocator._core.keys import PICK
 from allocator._core.liveness import HEARTBEAT
 from allocator._core.pool import Pool
 from allocator._core.reader import Reader, multipop_refused, popped, round_commands, round_replies
@@ -149,6 +150,31 @@ def test_the_hub_routes_every_grant_somewhere(plan: list[tuple[str, int]]) -> No
                 assert lid not in registered and release.script == "release"
             else:  # a copy of a grant delivered before: acknowledged again
                 assert lid in delivered and acks_after == acks_before + 1
+
+
+def test_a_release_or_a_renew_is_the_grants_acknowledgement() -> None:
+    """The server claims a grant at its lease's release or renewal
+    (lua/prelude_leases.lua, P:claim): the reader then sends no acknowledgement of
+    it, and a round that follows is the blocking pop alone."""
+    pool = Pool.create("p", lease_ttl=60, bind_ttl=60, prefix="alloc")
+    hub = Reader(HEARTBEAT)
+    key = pool.signal_key(hub.cid)
+    for lid in ("a", "b", "c"):
+        hub.register(pool, lid, lid)
+        assert hub.route(key, f"g|{lid}|1-0|7|1|60000|r", 1000.0)[0] == lid
+        hub.unregister(lid)
+    pick = pool.keys[PICK]
+    assert hub.plan() == ([(pick, ["a", "b", "c"])], [])
+    hub.claimed("b")  # released
+    hub.claimed("x")  # a lease this hub never delivered: nothing to drop
+    assert hub.plan() == ([(pick, ["a", "c"])], [])
+    hub.claimed("a")  # renewed
+    hub.claimed("c")
+    assert hub.plan() == ([], []) and hub.idle
+    hub.register(pool, "d", "d")
+    acks, keys = hub.plan()
+    assert round_commands(acks, keys, 1.0)[0][0] == "BLMPOP"
+    assert len(round_commands(acks, keys, 1.0)) == 1
 
 
 # -- the CLIENT PAUSE case, on a real server ------------------------------------------

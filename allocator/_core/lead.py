@@ -7,7 +7,10 @@ its inbox. When the leader's own message comes, or its time runs out, it
 hands the lead to the follower that has waited longest. When nobody waits,
 what is left to acknowledge waits :data:`~allocator._core.reader.ACK_DELAY`
 for the next waiter's round; then the reader's own thread (asyncio: task)
-sends it. That thread never leads while anyone waits.
+sends it. That thread never leads while anyone waits. The sync reader's
+thread, once started, stays for :data:`THREAD_LINGER` after it was last
+asked: asking it is a notification, so that a waiter never waits for a
+thread to start on its way out of ``acquire()``.
 
 :class:`Lead` decides all of it, for both shells. Pure: the sync shell holds
 its lock around every call; the shells carry out the steps, wake whom it
@@ -30,6 +33,9 @@ LEAD: Any = object()
 #: Who leads when the reader's own thread (or task) does; also what
 #: :meth:`Lead.leave` returns when that thread must be started.
 THREAD: Any = object()
+#: How long the sync reader's thread, with nothing asked of it, waits to be
+#: asked again before it ends (a worker that loops asks it every grant).
+THREAD_LINGER = 5.0
 #: What a shell's step gives back when a leader could not finish it before
 #: its deadline (a pause, :meth:`Lead.pause`): not done, the next leader
 #: finishes it.

@@ -258,6 +258,16 @@ class Reader:
             if done:
                 served.acks = [lid for lid in served.acks if lid not in done]
 
+    def claimed(self, lid: str) -> None:
+        """A release or a renew of lease ``lid`` went through: the server
+        claimed its grant itself (lua/prelude_leases.lua, ``P:claim``), so its
+        acknowledgement is not sent. A worker that releases within
+        :data:`ACK_DELAY` of its grant sends none: its next round is the
+        blocking pop alone."""
+        for served in self._served.values():
+            if lid in served.acks:
+                served.acks = [other for other in served.acks if other != lid]
+
     def route(self, key: Any, message: Any, now: float) -> tuple[Any, Any, Call[Any] | None]:
         """Where a popped message goes: ``(inbox, item, None)`` to put
         ``item`` in its waiter's inbox, ``(None, None, call)`` to release a

@@ -93,7 +93,7 @@ TEXT_RULES: list[tuple[str, str]] = [
     # parentheses says where asyncio differs): only the names change.
     ("redis.asyncio.", "redis."),
     ("FakeAsyncRedis", "FakeRedis"),
-    # _Keeper: where keepalive renews from.
+    # Keeper: where keepalive renews from.
     ("every ttl/3 from a task", "every ttl/3 from a daemon thread"),
     # Code samples and names in the text.
     ("async with ", "with "),

@@ -13,8 +13,8 @@ Scenarios (``--only`` picks some) and the figures they give:
 ``handoff``      2   release -> next acquire, 1 resource, 8 and 32 processes
                  3   FIFO violations and Jain fairness (also from the others),
                      grants seen out of arrival order by more than 5 ms
-                     (library and token list, in the handoff and
-                     throughput runs)
+                     and by more than 1 ms (library and token list, in
+                     the handoff and throughput runs)
 ``throughput``   4   grants/s, several resources, 4 processes per resource
                  8   Redis CPU time per grant
 ``large``        5   per-op latency at 100,000 resources vs 10

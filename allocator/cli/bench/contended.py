@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from allocator.cli.bench.base import (
     ORDER_SLACK_NS,
+    ORDER_TIGHT_NS,
     BenchBase,
     BenchError,
     RunResult,
@@ -342,12 +343,35 @@ class Contended(BenchBase):
                 note=note,
             )
         )
+        # 3d: the same, more strictly.
+        lib = _merge_arrival_order(self.library_runs, ORDER_TIGHT_NS)
+        tok = _merge_arrival_order(self.token_runs, ORDER_TIGHT_NS) if self.token_runs else None
+        tight = format_value(ORDER_TIGHT_NS, "ns")
+        self.details["arrival_order_tight"] = {
+            "library": _arrival_order_dict(lib, ORDER_TIGHT_NS),
+            "token_list": None if tok is None else _arrival_order_dict(tok, ORDER_TIGHT_NS),
+        }
+        self.add(
+            Row(
+                "3d",
+                f"grants seen out of arrival order > {tight}",
+                float(lib.late),
+                "",
+                None if tok is None else float(tok.late),
+                "" if tok is None else "token list",
+                Target("<=", 0, on="value"),
+                text=f"{lib.late} in {lib.grants:,} grants",
+                note=f"as 3c, a lead of more than {tight}",
+            )
+        )
 
 
-def _merge_arrival_order(runs: Sequence[RunResult]) -> ArrivalOrder:
+def _merge_arrival_order(
+    runs: Sequence[RunResult], more_than_ns: int = ORDER_SLACK_NS
+) -> ArrivalOrder:
     """Counted run by run (arrivals are compared within one run), then added up;
     the worst is the worst of any run."""
-    found = [r.arrival_order() for r in runs]
+    found = [r.arrival_order(more_than_ns) for r in runs]
     return ArrivalOrder(
         grants=sum(f.grants for f in found),
         late=sum(f.late for f in found),
