@@ -50,7 +50,7 @@ from helpers import ticket_key, wait_until
 from allocator import FairAllocator
 from allocator._core.liveness import ALIVE, GRACE
 
-pytestmark = pytest.mark.real_redis
+pytestmark = [pytest.mark.real_redis, pytest.mark.slow]
 
 SEED = 20240611
 RESOURCES = {"a": 1, "b": 1, "c": 2}

@@ -40,7 +40,7 @@ from allocator import FairAllocator
 from allocator._core.liveness import ALIVE, GRACE
 from allocator._server import RedisServer
 
-pytestmark = [pytest.mark.real_redis, pytest.mark.faults]
+pytestmark = [pytest.mark.real_redis, pytest.mark.faults, pytest.mark.slow]
 
 WORKERS = 5
 TTL = 1.5
