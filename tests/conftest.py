@@ -181,10 +181,11 @@ def _alone_or_side_by_side(
     run's temporary folder, which every worker shares: every test passes
     the gate and holds the lock shared; a test that must be alone holds the
     gate, so that no new test comes in, and the lock exclusively."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if not hasattr(request.config, "workerinput"):  # not an xdist worker
         yield
         return
     alone = request.node.get_closest_marker("alone") is not None
+    # A worker's temporary folder is <the run's>/popen-gw<N>.
     folder = tmp_path_factory.getbasetemp().parent
     with open(folder / "alone.gate", "a") as gate, open(folder / "alone.lock", "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
