@@ -268,6 +268,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert live == status.leased
 
 
+@pytest.mark.slow  # random runs of the state machine: about half a minute
 def test_pool_matches_the_model(redis_url: str) -> None:
     PoolMachine.url = redis_url
     run_state_machine_as_test(
