@@ -17,7 +17,9 @@ once for both.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -45,10 +47,22 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _SERVER: RedisServer | None = None
 _URL: str | None = None
 _DESCRIPTION = ""
+#: Whether the tests run on a real server (REDIS_URL or a private one), not
+#: on the fakeredis fallback; known in an xdist controller too, which has
+#: no server of its own.
+_REAL = False
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """True in the process that hands tests out to pytest-xdist workers (it
+    runs none itself); False in a worker and in a run without xdist."""
+    if hasattr(config, "workerinput"):
+        return False
+    return config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _SERVER, _URL, _DESCRIPTION
+    global _SERVER, _URL, _DESCRIPTION, _REAL
     # The matrix (tests/_servers.py): which build every test server is.
     kind = _servers.chosen()
     if _servers.use() is None and kind != "redis":
@@ -59,12 +73,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("REDIS_URL"):
         _URL = os.environ["REDIS_URL"]
         _DESCRIPTION = f"REDIS_URL={_URL}"
+        _REAL = True
     elif find_redis_server():
-        _SERVER = RedisServer().start()
-        _URL = _SERVER.url
         name, number = _servers.version()
         shown = ".".join(map(str, number))
-        _DESCRIPTION = f"private {name}-server {shown} ({kind}) at {_URL}"
+        _REAL = True
+        if _xdist_controller(config):
+            # Each xdist worker starts a private server of its own (its
+            # tests then see no other worker's commands, clients or
+            # statistics); the controller runs no test and needs none.
+            _DESCRIPTION = f"a private {name}-server {shown} ({kind}) per xdist worker"
+        else:
+            _SERVER = RedisServer().start()
+            _URL = _SERVER.url
+            _DESCRIPTION = f"private {name}-server {shown} ({kind}) at {_URL}"
     elif IN_CI:
         raise pytest.UsageError(
             "CI=true but redis-server is not on PATH: the suite must run against a real "
@@ -78,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """On the fakeredis fallback, skip what needs a real redis-server: tests
     marked ``real_redis`` (some start servers of their own). Under CI=true
     there is no fallback: pytest_configure has refused it already."""
-    if _URL is not None:
+    if _REAL:
         return
     skip = pytest.mark.skip(reason="needs a real redis-server (fakeredis fallback)")
     for item in items:
@@ -91,6 +113,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _SERVER.close()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[Any]:
+    """Let pytest keep the test modules it rewrote (their asserts) in
+    tests/__pycache__ even where PYTHONDONTWRITEBYTECODE is set: each xdist
+    worker imports every test module, and rewriting them all costs a worker
+    about 5 s of CPU on every run (2 s with them kept). Only while a test
+    module is imported: everything else is left as the environment says."""
+    if not isinstance(collector, pytest.Module) or not sys.dont_write_bytecode:
+        return (yield)
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = True
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"allocator test backend: {_DESCRIPTION}"
 
@@ -98,7 +136,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """On the fakeredis fallback, say at the end, loudly, how much was not
     tested and why: "317 passed, 509 skipped" must not read as green."""
-    if _URL is not None:
+    if _REAL:
         return
     skipped = terminalreporter.stats.get("skipped", [])
     if not skipped:
@@ -130,6 +168,38 @@ def _skip_reason(report: Any) -> str:
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2]).removeprefix("Skipped: ")
     return str(longrepr)
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_side_by_side(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked ``alone`` measures what the load of other tests would
+    skew (the commands a second of a waiting process): under pytest-xdist
+    it waits until the tests running on the other workers end, and they
+    start no other test until it ends. A turnstile of two file locks in the
+    run's temporary folder, which every worker shares: every test passes
+    the gate and holds the lock shared; a test that must be alone holds the
+    gate, so that no new test comes in, and the lock exclusively."""
+    if not hasattr(request.config, "workerinput"):  # not an xdist worker
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    # A worker's temporary folder is <the run's>/popen-gw<N>.
+    folder = tmp_path_factory.getbasetemp().parent
+    with open(folder / "alone.gate", "a") as gate, open(folder / "alone.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

@@ -41,7 +41,9 @@ from allocator._core.presence import ALIVE_PRESENT, present
 from allocator._core.steps import Call
 from allocator._scripts import OPERATIONS
 
-pytestmark = pytest.mark.real_redis
+# One worker runs the module under pytest-xdist (--dist loadgroup): its
+# cluster of three nodes is started once, not once per worker.
+pytestmark = [pytest.mark.real_redis, pytest.mark.xdist_group("cluster")]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

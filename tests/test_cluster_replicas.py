@@ -27,7 +27,13 @@ from allocator import AsyncFairAllocator, FairAllocator, Lease, NotReplicated
 from allocator._core.keys import KEY_SUFFIXES
 from allocator._core.pool import Pool
 
-pytestmark = [pytest.mark.real_redis, pytest.mark.replicas]
+# One worker runs the module under pytest-xdist (--dist loadgroup): its
+# cluster of six nodes is started once, not once per worker.
+pytestmark = [
+    pytest.mark.real_redis,
+    pytest.mark.replicas,
+    pytest.mark.xdist_group("cluster-replicas"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -238,6 +238,7 @@ def flusher(url: str, stop: Any, ready: Any, functions: bool) -> None:
         client.script_flush()
 
 
+@pytest.mark.slow  # two processes flush in a loop under 300 rounds of calls
 @pytest.mark.parametrize("path", [SCRIPTS, FUNCTIONS])
 def test_a_storm_of_flushes_never_reaches_the_caller(
     redis_url: str, pool_name: str, path: str, monkeypatch: Any

@@ -20,8 +20,10 @@ def run_suite(tmp_path: Path, *args: str, ci: bool) -> subprocess.CompletedProce
     env["PATH"] = str(bare)
     if ci:
         env["CI"] = "true"
+    # -n0: one process, not the default's xdist workers (what is checked
+    # here is the fallback, not how the tests are spread).
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0",
          f"--basetemp={tmp_path / 'inner'}", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -41,7 +41,7 @@ from allocator._core.liveness import ALIVE
 from allocator._core.presence import GRACE
 from allocator._server import RedisServer
 
-pytestmark = [pytest.mark.real_redis, pytest.mark.faults]
+pytestmark = [pytest.mark.real_redis, pytest.mark.faults, pytest.mark.slow]
 
 WORKERS = 5
 TTL = 1.5

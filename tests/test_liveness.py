@@ -478,6 +478,7 @@ def test_keepalive_stop_passes_the_callers_cancellation_on(redis_url: str, pool_
 # -- a chaos run: gc processes and workers stopped for seconds -----------------------
 
 
+@pytest.mark.slow  # a chaos run: workers and gc processes stopped at random
 def test_chaos_with_gc_processes_and_stopped_workers(
     redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc], tmp_path: Any
 ) -> None:

@@ -35,7 +35,7 @@ from allocator import FairAllocator
 from allocator._core.liveness import ALIVE
 from allocator._core.presence import GRACE
 
-pytestmark = pytest.mark.real_redis
+pytestmark = [pytest.mark.real_redis, pytest.mark.slow]
 
 SEED = 20261123
 RESOURCES = {"a": 1, "b": 1, "c": 2, "d": 1}

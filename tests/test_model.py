@@ -289,6 +289,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert shown == per_tenant
 
 
+@pytest.mark.slow  # random runs of the state machine: about half a minute each
 @pytest.mark.parametrize(("order", "examples"), [("fifo", 200), ("tenant", 60)])
 def test_pool_matches_the_model(redis_url: str, order: str, examples: int) -> None:
     PoolMachine.url = redis_url

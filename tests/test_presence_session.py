@@ -250,6 +250,7 @@ def test_one_gc_leaves_no_dead_waiter_behind(
 
 
 @pytest.mark.real_redis
+@pytest.mark.alone  # a rate from the times of its commands: other tests' load would skew it
 def test_waiting_costs_under_a_command_a_second(
     redis_url: str, client: Any, pool_name: str, procs: Callable[..., Proc]
 ) -> None:

@@ -112,13 +112,18 @@ def test_dead_holder_is_reclaimed_by_the_next_waiter(
     ttl = 2.0
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
-    holder, held = hold(procs, redis_url, pool_name, ttl=ttl)
+    # The waiter and the gc loop are started before the holder's short
+    # lease begins: on a loaded machine (the suite's xdist workers side by
+    # side) starting a process can take longer than the ttl, and the lease
+    # would run out before the waiter queued behind it.
     collector = None
     if gc_job:
         collector = procs(gc_loop, redis_url, pool_name, every=0.1)
         collector.expect("ready")
-    waiter = procs(leaser, redis_url, pool_name, ttl=30.0)
+    waiter = procs(leaser, redis_url, pool_name, ttl=30.0, wait_go=True)
     waiter.expect("ready")
+    holder, held = hold(procs, redis_url, pool_name, ttl=ttl)
+    waiter.send("go")
     wait_until(lambda: pool.status().waiting == 1, what="the waiter queued")
 
     holder.kill()

@@ -181,7 +181,10 @@ def test_renew_never_revives_an_expired_lease(pool: Any, raw: Any) -> None:
 
 def test_gc_reclaims_expired_leases(pool: Any, raw: Any) -> None:
     pool.extend(["a", "b"])
-    leases = [pool.acquire(timeout=5, ttl=0.05) for _ in range(2)]
+    # Both leases must be held at once: a ttl the second acquire cannot
+    # outlast, even on a loaded machine (0.05 s could, and then the second
+    # acquire took the first lease's resource back itself).
+    leases = [pool.acquire(timeout=5, ttl=0.5) for _ in range(2)]
     last = max(lease.expires_at for lease in leases)
     wait_until(lambda: server_now(raw) > last + 0.005, what="both deadlines")
     report = pool.gc()
@@ -218,10 +221,13 @@ def test_lease_exit_raises_when_lost(pool: Any) -> None:
 
 def test_keepalive_keeps_a_short_lease(pool: Any, raw: Any) -> None:
     pool.extend(["r"])
-    with pool.lease(timeout=5, ttl=0.3, keepalive=True) as held:
+    # A renewal every ttl/3: a ttl of 1 s leaves the renewing thread 0.67 s
+    # of slack, which a loaded machine does not eat up (0.3 s left 0.2 s,
+    # and a busy run of the suite's workers side by side did).
+    with pool.lease(timeout=5, ttl=1.0, keepalive=True) as held:
         start = pool.status().server_time
         # Hold across several ttls (server clock), renewed in the background.
-        wait_until(lambda: pool.status().server_time > start + 1.0, what="1s of server time")
+        wait_until(lambda: pool.status().server_time > start + 3.0, what="3s of server time")
         assert pool.acquire(blocking=False) is None
         assert pool.status().leased == 1
     assert held.resource == "r"

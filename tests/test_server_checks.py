@@ -623,6 +623,7 @@ def granted_resources(reply: Any) -> list[bytes]:
     return []
 
 
+@pytest.mark.slow  # 120 random plans on each path: about a minute each
 @settings(
     max_examples=120,
     deadline=None,

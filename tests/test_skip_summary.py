@@ -10,11 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SOME = ("tests/test_bench_logic.py", "tests/test_cli.py::test_human_durations")
 
 
-def run_pytest(tmp_path: Path, *args: str, server: bool) -> subprocess.CompletedProcess[str]:
+def run_pytest(
+    tmp_path: Path, *args: str, server: bool, workers: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """An inner run of pytest; ``workers``: pytest-xdist's -n (0: one process)."""
     drop = ("CI", "REDIS_URL", "ALLOCATOR_TEST_SERVER")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     if not server:
@@ -22,14 +27,17 @@ def run_pytest(tmp_path: Path, *args: str, server: bool) -> subprocess.Completed
         bare.mkdir(exist_ok=True)
         env["PATH"] = str(bare)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"-n{workers}",
          f"--basetemp={tmp_path / 'inner'}", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
 
-def test_the_fallback_says_loudly_what_was_skipped(tmp_path: Path) -> None:
-    done = run_pytest(tmp_path, *SOME, server=False)
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist"])
+def test_the_fallback_says_loudly_what_was_skipped(tmp_path: Path, workers: int) -> None:
+    """Under pytest-xdist (the default run) the summary is the controller's,
+    which runs no test and has no server of its own: it says it all the same."""
+    done = run_pytest(tmp_path, *SOME, server=False, workers=workers)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     passed = int(re.search(r"(\d+) passed", done.stdout).group(1))  # type: ignore[union-attr]
     assert passed > 1
