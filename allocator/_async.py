@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Literal, TypeVar, overload
 
 from ._acompat import acheck_client
 from ._async_admin import AsyncAdmin
 from ._async_io import senders_of
 from ._async_keepalive import Keeper
-from ._async_reader import Reader, readers_of
+from ._async_reader import readers_of
 from ._core.pool import Pool
-from ._core.presence import presence_budget
-from ._core.steps import Flow
 from ._scripts import scripts
 from ._transport import bound_client_retries, is_sentinel
 from ._values import Lease
@@ -34,7 +31,6 @@ __all__ = ["AsyncFairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
-A = TypeVar("A")
 
 
 class AsyncFairAllocator(AsyncAdmin):
@@ -197,32 +193,6 @@ class AsyncFairAllocator(AsyncAdmin):
     def client(self) -> Any:
         """The Redis client given."""
         return self._client
-
-    async def _waiting(
-        self,
-        reader: Reader,
-        make: Callable[[str, float], A],
-        timeout: float | None,
-    ) -> A:
-        """An acquire's flow, made by ``make`` from the client's id (its
-        arguments are checked there, before any I/O); on the client's first
-        wait in the pool its presence is set up, and the flow made again
-        with the id that goes with it."""
-        started = time.monotonic()
-        flow = make(reader.known_cid(self._pool), started)
-        if not reader.joined(self._pool):
-            await reader.join(self._pool, presence_budget(timeout))
-            flow = make(reader.known_cid(self._pool), started)
-        return flow
-
-    async def _drive_waiting(self, reader: Reader, lid: str, steps: Flow[T]) -> T:
-        """Drive an acquire's flow with its waiter ``lid`` known to the
-        reader (messages for it are routed to it) until the flow ends."""
-        reader.register(self._pool, lid)
-        try:
-            return await self._drive(steps)
-        finally:
-            reader.unregister(lid)
 
     # -- leasing --------------------------------------------------------------
 

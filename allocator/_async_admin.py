@@ -7,13 +7,14 @@ steps, and the administration and views of a pool (``extend`` to
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ._async_io import drive, run_step
 from ._async_reader import Reader, reader_for
 from ._core.keys import pool_names, pools_pattern
 from ._core.pool import Pool
+from ._core.presence import presence_budget
 from ._core.retry import RETRY_BUDGET
 from ._core.steps import Command, Flow, Step
 from ._scripts import Scripts, scripts
@@ -23,6 +24,7 @@ from ._values import ClientInfo, GCReport, LeaseInfo, PoolStats, PoolStatus
 __all__ = ["AsyncAdmin"]
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 class AsyncAdmin:
@@ -43,6 +45,32 @@ class AsyncAdmin:
 
     def _reader(self) -> Reader:
         return reader_for(self._client, self._pool)
+
+    async def _waiting(
+        self,
+        reader: Reader,
+        make: Callable[[str, float], A],
+        timeout: float | None,
+    ) -> A:
+        """An acquire's flow, made by ``make`` from the client's id (its
+        arguments are checked there, before any I/O); on the client's first
+        wait in the pool its presence is set up, and the flow made again
+        with the id that goes with it."""
+        started = time.monotonic()
+        flow = make(reader.known_cid(self._pool), started)
+        if not reader.joined(self._pool):
+            await reader.join(self._pool, presence_budget(timeout))
+            flow = make(reader.known_cid(self._pool), started)
+        return flow
+
+    async def _drive_waiting(self, reader: Reader, lid: str, steps: Flow[T]) -> T:
+        """Drive an acquire's flow with its waiter ``lid`` known to the
+        reader (messages for it are routed to it) until the flow ends."""
+        reader.register(self._pool, lid)
+        try:
+            return await self._drive(steps)
+        finally:
+            reader.unregister(lid)
 
     # -- administration -------------------------------------------------------
 

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Literal, TypeVar, overload
 
 from ._acompat import check_client
 from ._core.pool import Pool
-from ._core.presence import presence_budget
-from ._core.steps import Flow
 from ._scripts import scripts
 from ._sync_admin import Admin
 from ._sync_io import senders_of
 from ._sync_keepalive import Keeper
-from ._sync_reader import Reader, readers_of
+from ._sync_reader import readers_of
 from ._transport import bound_client_retries, is_sentinel
 from ._values import Lease
 from .errors import LeaseLost
@@ -34,7 +31,6 @@ __all__ = ["FairAllocator"]
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
-A = TypeVar("A")
 
 
 class FairAllocator(Admin):
@@ -197,32 +193,6 @@ class FairAllocator(Admin):
     def client(self) -> Any:
         """The Redis client given."""
         return self._client
-
-    def _waiting(
-        self,
-        reader: Reader,
-        make: Callable[[str, float], A],
-        timeout: float | None,
-    ) -> A:
-        """An acquire's flow, made by ``make`` from the client's id (its
-        arguments are checked there, before any I/O); on the client's first
-        wait in the pool its presence is set up, and the flow made again
-        with the id that goes with it."""
-        started = time.monotonic()
-        flow = make(reader.known_cid(self._pool), started)
-        if not reader.joined(self._pool):
-            reader.join(self._pool, presence_budget(timeout))
-            flow = make(reader.known_cid(self._pool), started)
-        return flow
-
-    def _drive_waiting(self, reader: Reader, lid: str, steps: Flow[T]) -> T:
-        """Drive an acquire's flow with its waiter ``lid`` known to the
-        reader (messages for it are routed to it) until the flow ends."""
-        reader.register(self._pool, lid)
-        try:
-            return self._drive(steps)
-        finally:
-            reader.unregister(lid)
 
     # -- leasing --------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import Any, Protocol, TypeVar
 
-from redis.connection import ConnectionPool
+from redis.connection import Connection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -478,3 +478,28 @@ def senders_of(client: Any) -> list[Sender]:
     with _SENDERS_LOCK:
         sender = _SENDERS.get(client, {}).get(os.getpid())
     return [] if sender is None else [sender]
+
+
+#: Whether this redis-py reads a reply with its own timeout (newer ones do);
+#: older ones wait with can_read first.
+_READ_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
+
+
+def read_replies(conn: Any, count: int, wait: float) -> list[Any]:
+    """``count`` replies from ``conn``, each within ``wait`` seconds (the
+    reader's round, whose blocking read may outlast the client's socket
+    timeout); error replies as values."""
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            if _READ_TIMEOUT:
+                replies.append(conn.read_response(timeout=wait))
+            else:
+                if getattr(conn, "_sock", True) is None:  # closed under it
+                    raise RedisConnectionError("the reader's connection was closed")
+                if not conn.can_read(timeout=wait):
+                    raise RedisTimeoutError("no reply from the server to the reader's round")
+                replies.append(conn.read_response())
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies

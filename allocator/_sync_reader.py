@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import inspect
 import logging
 import os
 import queue
@@ -20,9 +19,7 @@ import time
 import weakref
 from typing import Any
 
-from redis.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._core import reader as core
@@ -57,7 +54,7 @@ from ._core.steps import (
 )
 from ._presence import Presence, refused
 from ._scripts import scripts
-from ._sync_io import _connection, drive, run_call, run_step, sender_for
+from ._sync_io import _connection, drive, read_replies, run_call, run_step, sender_for
 from ._transport import (
     in_process,
     is_cluster,
@@ -519,7 +516,7 @@ class Reader:
         # timeout: wait for the reply here (`wait`), then read it.
         try:
             conn.send_packed_command(conn.pack_commands(commands))
-            replies = self._read(conn, len(commands), wait)
+            replies = read_replies(conn, len(commands), wait)
         except (RedisConnectionError, RedisTimeoutError):
             if self._cluster:  # the master may be gone: learn the slots again
                 with contextlib.suppress(Exception):
@@ -539,24 +536,6 @@ class Reader:
             return self._client.connection_pool
         return self._client.get_node_from_key(keys[0]).redis_connection.connection_pool
 
-    def _read(self, conn: Any, count: int, wait: float) -> list[Any]:
-        """``count`` replies from ``conn``, each within ``wait`` seconds;
-        error replies as values."""
-        replies: list[Any] = []
-        for _ in range(count):
-            try:
-                if _READ_TIMEOUT:
-                    replies.append(conn.read_response(timeout=wait))
-                else:
-                    if getattr(conn, "_sock", True) is None:  # closed under it
-                        raise RedisConnectionError("the reader's connection was closed")
-                    if not conn.can_read(timeout=wait):
-                        raise RedisTimeoutError("no reply from the server to the reader's round")
-                    replies.append(conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-        return replies
-
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -570,11 +549,6 @@ class Reader:
         if conn is not None:
             with contextlib.suppress(Exception):
                 self._conn_pool.release(conn)
-
-
-#: Whether this redis-py reads a reply with its own timeout (newer ones do);
-#: older ones wait with can_read first.
-_READ_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
 
 
 #: The longest a waiting thread blocks at once (see Reader.wait).
