@@ -49,14 +49,16 @@ def server_now(client: Any) -> float:
 
 
 def _pool(
-    url: str, name: str, lease_ttl: float = 60.0, reclaim: bool = False
+    url: str, name: str, lease_ttl: float = 60.0, reclaim: bool = False, tenant: str = ""
 ) -> tuple[Any, FairAllocator]:
     """A client of ``url`` (``cluster://host:port``: a Redis Cluster client)."""
     if url.startswith("cluster://"):
         client: Any = redis.cluster.RedisCluster.from_url("redis://" + url[len("cluster://") :])
     else:
         client = redis.Redis.from_url(url)
-    return client, FairAllocator(client, name, lease_ttl=lease_ttl, reclaim_on_disconnect=reclaim)
+    return client, FairAllocator(
+        client, name, lease_ttl=lease_ttl, reclaim_on_disconnect=reclaim, tenant=tenant
+    )
 
 
 def _write(ledger: Any, record: dict[str, Any]) -> None:
@@ -398,6 +400,7 @@ def chaos_worker(
     hold: float,
     reclaim: bool = False,
     faults: bool = False,
+    tenant: str = "",
 ) -> None:
     """Lease, hold, release, again and again, until ``stop.value`` is set.
 
@@ -414,8 +417,9 @@ def chaos_worker(
     the loop goes on; if it was a release, the lease's deadline bounds it
     in the ledger. Any other error, and without ``faults`` any error at
     all, ends the worker with a traceback and a non-zero exit code.
+    ``tenant``: the tenant its requests name (the allocator's default).
     """
-    client, pool = _pool(url, name, ttl, reclaim)
+    client, pool = _pool(url, name, ttl, reclaim, tenant)
     rng = random.Random(seed)
     passing = (redis.ConnectionError, redis.TimeoutError) if faults else ()
     with open(ledger_path, "a", encoding="utf-8") as ledger:

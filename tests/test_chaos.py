@@ -71,9 +71,13 @@ PICKUP = 2.0
 
 
 class Worker:
-    def __init__(self, url: str, name: str, folder: Path, number: int, stop: Any) -> None:
+    def __init__(
+        self, url: str, name: str, folder: Path, number: int, stop: Any, tenants: int = 1
+    ) -> None:
         self.ledger = folder / f"ledger-{number:03d}.jsonl"
         self.reclaim = number % 2 == 1
+        # With two tenants, each has workers with and without reclaim.
+        self.tenant = "" if tenants == 1 else "ab"[(number // 2) % tenants]
         self.ttl = RECLAIM_TTL if self.reclaim else TTL
         self.process = CTX.Process(
             target=chaos_worker,
@@ -87,7 +91,7 @@ class Worker:
                 self.ttl,
                 HOLD * (3 if self.reclaim else 1),
             ),
-            kwargs={"reclaim": self.reclaim},
+            kwargs={"reclaim": self.reclaim, "tenant": self.tenant},
             daemon=True,
         )
         self.process.start()
@@ -178,17 +182,28 @@ def over_capacity(grants: list[Held]) -> list[tuple[str, list[tuple[int, float, 
     return problems
 
 
-def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: Path) -> None:
+@pytest.mark.parametrize("order", ["fifo", "tenant"])
+def test_chaos(
+    redis_url: str, pool_name: str, workers: list[Worker], tmp_path: Path, order: str
+) -> None:
+    """The same chaos in both orders of a pool: under ``tenant`` the workers
+    name two tenants, and FIFO holds within each."""
     client = redis.Redis.from_url(redis_url)
     pool = FairAllocator(client, pool_name, lease_ttl=TTL)
     for resource, capacity in RESOURCES.items():
         pool.extend([resource], capacity=capacity)
+    tenants = 1
+    if order == "tenant":
+        pool.set_order("tenant")
+        tenants = 2
     stop = CTX.RawValue("i", 0)  # lock-free: a killed worker holds no lock
     rng = random.Random(SEED)
     folder = tmp_path / "ledgers"
     folder.mkdir()
     numbers = iter(range(10_000))
-    live = [Worker(redis_url, pool_name, folder, next(numbers), stop) for _ in range(WORKERS)]
+    live = [
+        Worker(redis_url, pool_name, folder, next(numbers), stop, tenants) for _ in range(WORKERS)
+    ]
     workers.extend(live)
     wait_until(lambda: any(w.ledger.exists() for w in live), timeout=30, what="a first lease")
 
@@ -218,7 +233,7 @@ def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: 
         victim.process.kill()
         victim.process.join(10)
         victim.killed_at = last_kill = server_now(client)
-        fresh = Worker(redis_url, pool_name, folder, next(numbers), stop)
+        fresh = Worker(redis_url, pool_name, folder, next(numbers), stop, tenants)
         live.append(fresh)
         workers.append(fresh)
     for worker in live:
@@ -320,10 +335,16 @@ def test_chaos(redis_url: str, pool_name: str, workers: list[Worker], tmp_path: 
     # asked for that (about 1.5 s after its death, with a ttl of 6 s).
     assert all(t >= 0 for t in after_deadline[False]), after_deadline[False]
     assert all(t < 0 for t in after_deadline[True]), after_deadline[True]
-    # FIFO: leases were granted in the order their requests queued.
-    by_ticket = sorted(grants, key=lambda g: ticket_key(g.ticket))
-    for before, after in itertools.pairwise(by_ticket):
-        assert before.granted_at <= after.granted_at, (before.ticket, after.ticket)
+    # FIFO: leases were granted in the order their requests queued (under
+    # the tenant order, within each tenant).
+    for tenant in {g.worker.tenant for g in grants}:
+        mine = [g for g in grants if g.worker.tenant == tenant]
+        by_ticket = sorted(mine, key=lambda g: ticket_key(g.ticket))
+        for before, after in itertools.pairwise(by_ticket):
+            assert before.granted_at <= after.granted_at, (tenant, before.ticket, after.ticket)
+    if order == "tenant":
+        assert {g.worker.tenant for g in grants} == {"a", "b"}
+        assert pool.status().order == "tenant"
     # A lease that was released live never overlapped its deadline.
     for g in grants:
         if g.released and g.end is not None:
