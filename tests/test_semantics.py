@@ -152,7 +152,7 @@ def test_concurrent_double_release_hands_off_once(pool: Any) -> None:
 
 def test_renew_extends_and_stale_holder_cannot_touch_successor(pool: Any) -> None:
     pool.extend(["r"])
-    lease = pool.acquire(timeout=5, ttl=0.3)
+    lease = pool.acquire(timeout=5, ttl=5)  # long enough to be renewed on a loaded machine
     renewed = pool.renew(lease, ttl=30)
     assert renewed.expires_at > lease.expires_at and renewed.ttl == 30
     assert renewed.token == lease.token and renewed.id == lease.id
@@ -182,9 +182,10 @@ def test_renew_never_revives_an_expired_lease(pool: Any, raw: Any) -> None:
 def test_gc_reclaims_expired_leases(pool: Any, raw: Any) -> None:
     pool.extend(["a", "b"])
     # Both leases must be held at once: a ttl the second acquire cannot
-    # outlast, even on a loaded machine (0.05 s could, and then the second
-    # acquire took the first lease's resource back itself).
-    leases = [pool.acquire(timeout=5, ttl=0.5) for _ in range(2)]
+    # outlast, even on a loaded machine (0.05 s could, and 0.5 s could on
+    # fakeredis beside the suite's other workers: the second acquire then
+    # took the first lease's resource back itself).
+    leases = [pool.acquire(timeout=5, ttl=2.0) for _ in range(2)]
     last = max(lease.expires_at for lease in leases)
     wait_until(lambda: server_now(raw) > last + 0.005, what="both deadlines")
     report = pool.gc()
