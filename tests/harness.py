@@ -154,7 +154,10 @@ class Clock:
             if getattr(module, "time", None) is time:
                 monkeypatch.setattr(module, "time", _Time(self))
             if getattr(module, "random", None) is random:
-                monkeypatch.setattr(module, "random", _Random(self))
+                monkeypatch.setattr(module, "random", _Random(self, random))
+            jitter = getattr(module, "_jitter", None)
+            if isinstance(jitter, random.Random):
+                monkeypatch.setattr(module, "_jitter", _Random(self, jitter))
             for clock in ("monotonic", "uniform"):
                 # A clock taken by name would not be this one: say so.
                 assert getattr(module, clock, None) not in (time.monotonic, random.uniform), (
@@ -180,14 +183,15 @@ class _Random:
     """The ``random`` module as the core sees it under a :class:`Clock`:
     seeded, so that every backoff is the same in every run."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, real: Any) -> None:
         self._clock = clock
+        self._real = real  # the module, or the core's own generator
 
     def uniform(self, a: float, b: float) -> float:
-        return self._clock.rng.uniform(a, b) if self._clock.mine else random.uniform(a, b)
+        return self._clock.rng.uniform(a, b) if self._clock.mine else self._real.uniform(a, b)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(random, name)
+        return getattr(self._real, name)
 
 
 # -- the replies of the scripts, the messages of the lists, the errors -----------

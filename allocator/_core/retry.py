@@ -28,6 +28,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .replies import server_refusal
 from .steps import Call, Flow, Sleep
 
+#: The jitter of every pause of the core (retries, the reader's and the
+#: presence's backoff): a generator of the library's own, so that the
+#: library never moves the program's global ``random`` state.
+JITTER = random.Random()
+_jitter = JITTER
+
 _log = logging.getLogger("allocator")
 
 T = TypeVar("T")
@@ -245,7 +251,7 @@ class Retrier:
         if remaining is not None and remaining <= 0:
             return None
         ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 32))
-        delay = random.uniform(0, ceiling)
+        delay = _jitter.uniform(0, ceiling)
         if remaining is not None:
             delay = min(delay, remaining)
         outage = now - self._outage_since
