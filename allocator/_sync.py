@@ -279,8 +279,8 @@ class FairAllocator(Admin):
         other exception raised into the waiting thread (a `signal.alarm` handler
         that raises, say), even while it leads its client's reads; for asyncio,
         the cancellation of the waiting task, even where redis-py's asyncio
-        client swallows a cancellation that lands mid-command (redis/redis-py
-        issues 2028 and 2666: the allocator checks `asyncio.Task.cancelling()`).
+        client swallows a cancellation that lands mid-command (a known
+        behaviour of redis-py: the allocator checks `asyncio.Task.cancelling()`).
         A pool deleted with `delete(force=True)` while the call waits makes it
         raise `AcquireTimeout` at once.
         """
