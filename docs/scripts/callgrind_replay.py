@@ -16,17 +16,10 @@ Needs valgrind (callgrind_control) and redis-server on PATH.
 
 from __future__ import annotations
 
-import glob
-import os
 import secrets
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable
 
-import redis
-from callgrind_cost import free_port
+from callgrind_cost import Callgrind
 
 from allocator import FairAllocator
 from allocator._core.checks import default_owner
@@ -100,37 +93,9 @@ end)
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     scripts().enabled = True
-    out = tempfile.mkdtemp(prefix="callgrind-")
-    port = free_port()
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--toggle-collect=serverCron", "--collect-atstart=yes",
-         f"--callgrind-out-file={out}/cg.%p",
-         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        client = redis.Redis(port=port)
-        for _ in range(300):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.2)
+    with Callgrind(n) as cg:
+        client, measure = cg.client, cg.measure
         client.execute_command("FUNCTION", "LOAD", "REPLACE", REPLAY)
-
-        def measure(run: Callable[[], object]) -> float:
-            subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
-            for _ in range(n):
-                run()
-            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
-            time.sleep(0.5)
-            newest = max(glob.glob(f"{out}/cg.*"), key=os.path.getmtime)
-            with open(newest, encoding="utf-8") as dump:
-                for line in dump:
-                    if line.startswith(("summary:", "totals:")):
-                        return int(line.split()[1]) / n
-            return float("nan")
 
         # One pool for both: the replay works on the pool's own keys, so
         # that each command meets the same data as the pool's calls.
@@ -174,9 +139,6 @@ def main() -> None:
         print(f"{'':<26} {'commands only':>14} {'the pool':>10}   (instructions, PING {ping:,.0f})")
         print(f"{'acquire+release':<26} {replayed:>14,.0f} {real:>10,.0f}")
         print(f"{'renew':<26} {renew_replayed:>14,.0f} {renew_real:>10,.0f}")
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":
