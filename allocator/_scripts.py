@@ -43,6 +43,7 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
+from ._core.keys import KEY_SUFFIXES
 from ._transport import client_kind
 
 __all__ = [
@@ -146,6 +147,15 @@ def load_scripts() -> dict[str, str]:
     return {op: prelude + "\n" + body for op, body in bodies.items()}
 
 
+#: The line of lua/prelude_state.lua that ends the names of a pool's keys
+#: (which the Functions library keeps per pool) and starts the state of a
+#: call.
+CALL_MARK = "-- @call:"
+
+#: How many pools' key names the Functions library keeps (about 2 KB each),
+#: before it forgets them all and starts again.
+NAMES_KEPT = 1000
+
 #: The line of the prelude (the first of lua/prelude_defaults.lua) that ends
 #: the state of a call and starts the helpers.
 HELPERS_MARK = "-- @helpers:"
@@ -155,22 +165,40 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
     """The Functions library made of the same Lua as the scripts.
 
     ``local P = {}`` holds the helpers, defined once at load. ``begin(KEYS)``
-    runs the prelude's state part (which makes a ``local P`` of its own)
-    and gives that table the helpers by a metatable. Each function wraps an
-    operation's body, unchanged, after ``local P = begin(KEYS)``; ``KEYS``
-    and ``ARGV`` are its parameters, as the body expects.
+    runs the prelude's state part: the names of the pool's keys (above
+    :data:`CALL_MARK`) once per pool, kept across calls in ``NAMES``, with
+    the helpers as their metatable's ``__index``, then the state of the
+    call (a ``local P`` of its own, whose metatable is the names). Each
+    function wraps an operation's body, unchanged, after ``local P =
+    begin(KEYS)``; ``KEYS`` and ``ARGV`` are its parameters, as the body
+    expects.
     """
     state, mark, helpers = prelude.partition(HELPERS_MARK)
-    if not mark:
-        raise ValueError(f"the prelude has no {HELPERS_MARK!r} line")
+    names, call_mark, call = state.partition(CALL_MARK)
+    if not mark or not call_mark:
+        raise ValueError(f"the prelude lacks its {CALL_MARK!r} or {HELPERS_MARK!r} line")
     parts = [
         f"#!lua name=allocator_{version}",
         "local P = {}",
         mark + helpers,
         "local HELPERS = {__index = P}",
+        # The names of a pool's keys, per META key: at most NAMES_KEPT pools'.
+        "local NAMES, NAMED = {}, 0",
+        "local function names(KEYS)",
+        names,
+        "  return setmetatable(N, HELPERS)",
+        "end",
         "local function begin(KEYS)",
-        state,
-        "  return setmetatable(P, HELPERS)",
+        "  local N = NAMES[KEYS[1]]",
+        "  if not N then",
+        f"    if NAMED >= {NAMES_KEPT} then",
+        "      NAMES, NAMED = {}, 0",
+        "    end",
+        "    N = names(KEYS)",
+        "    NAMES[KEYS[1]], NAMED = N, NAMED + 1",
+        "  end",
+        call_mark + call,
+        "  return P",
         "end",
     ]
     for op, body in bodies.items():
@@ -190,6 +218,25 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
             "end)",
         ]
     return "\n".join(parts) + "\n"
+
+
+def declared(keys: tuple[str, ...], cluster: bool) -> tuple[str, ...]:
+    """The keys a call of a pool's script declares to the server, of
+    ``keys``: the pool's keys (``Pool.keys``), then the caller's own signal
+    list where the call has one. First the pool's ``meta`` key, then that
+    signal list: the script names every other key from ``meta``
+    (lua/prelude_state.lua), as they share its hash tag, so its slot; each
+    key declared costs the server about 1,400 instructions a call. A Cluster
+    client declares the others too, after these two (the script does not
+    read them): a slot that is moving then stops the whole call before it
+    starts (``ASK`` or ``TRYAGAIN``), never between two of its writes."""
+    first = (keys[0], *keys[_OWN:])
+    return (*first, *keys[1 : _OWN - 1]) if cluster else first
+
+
+#: Where the caller's own signal list follows the pool's keys in a call's
+#: keys: after the keys of KEY_SUFFIXES and the signal lists' prefix.
+_OWN = len(KEY_SUFFIXES) + 1
 
 
 #: How a client runs the scripts, once known.
@@ -244,6 +291,7 @@ class Scripts:
         mode = self.mode(client)
         if mode is None:
             return None
+        keys = declared(keys, hasattr(client, "nodes_manager"))
         if mode == FUNCTIONS:
             verb = "FCALL_RO" if op in READ_ONLY else "FCALL"
             return (verb, self.function[op], len(keys), *keys, *args)
@@ -272,6 +320,7 @@ class Scripts:
         shells carry the commands out. ``sent``: a command of :meth:`known`
         that the shell sent already, and the error it met; the flow goes on
         from there instead of sending it again."""
+        keys = declared(keys, hasattr(client, "nodes_manager"))
         n = len(keys)
         read = op in READ_ONLY
         if self.mode(client) != SCRIPTS:

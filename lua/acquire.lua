@@ -1,7 +1,7 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's keys (lua/README.md), then KEYS[21] the caller's signal key.
+-- KEYS: the pool's META, then the caller's signal key (lua/README.md, "Keys").
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
 --       bind_ttl_ms (read only with a bind), owner (who holds the lease, for
 --       people: kept in the ticket's field `o`), reclaim ('1': the lease

@@ -15,7 +15,8 @@ if bad then
 end
 local force = ARGV[1] == '1'
 
-if redis.call('EXISTS', unpack(KEYS, 1, 19)) == 0 then
+local keys = P:pool_keys()
+if redis.call('EXISTS', unpack(keys)) == 0 then
   return {'absent'}
 end
 P:maintain()
@@ -54,5 +55,5 @@ local marks = redis.call('ZRANGEBYSCORE', P.ALIVE, '-inf', '(' .. P.now)
 for _, cid in ipairs(marks) do
   redis.call('DEL', P.SIG .. cid)
 end
-redis.call('DEL', unpack(KEYS, 1, 19))
+redis.call('DEL', unpack(keys))
 return {'deleted', revoked, waiters}

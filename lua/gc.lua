@@ -59,11 +59,12 @@ local repaired = 0
 -- pool's operator can tell what to do with them.
 local types = {'hash', 'hash', 'hash', 'zset', 'zset', 'stream', 'hash', 'zset', 'hash', 'zset',
   'zset', 'zset', 'zset', 'zset', 'hash', 'stream', 'zset', 'zset', 'hash'}
+local keys = P:pool_keys()
 for i, want in ipairs(types) do
-  local got = redis.call('TYPE', KEYS[i])
+  local got = redis.call('TYPE', keys[i])
   got = type(got) == 'table' and got.ok or got
   if got ~= 'none' and got ~= want then
-    return redis.error_reply('ALLOCATOR-CORRUPT ' .. KEYS[i] .. ': a ' .. tostring(got) ..
+    return redis.error_reply('ALLOCATOR-CORRUPT ' .. keys[i] .. ': a ' .. tostring(got) ..
       ', not a ' .. want .. ' (no script of the pool can run until it is deleted)')
   end
 end

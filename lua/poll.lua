@@ -4,7 +4,7 @@
 -- comes due or its reader asks it to look, and (with lid '') by the reader
 -- once per interval for all waiters of its client.
 --
--- KEYS: the pool's keys, then KEYS[21] the caller's signal key (its client's).
+-- KEYS: the pool's META, then the caller's signal key (its client's).
 -- ARGV: lid ('' for a client-level heartbeat), cid, alive_ms,
 --       probe (heartbeat only: a waiter of the client whose ticket to check),
 --       count (a waiter of acquire_many: how many resources it asked for)

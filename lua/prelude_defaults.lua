@@ -42,6 +42,10 @@ P.HORIZON_MS = 2000
 -- Expired leases and ended quarantines handled per pass on a hot path;
 -- gc() loops until everything due is handled.
 P.BATCH = 64
+-- The suffixes of the pool's keys, in the order of lua/README.md ("Keys")
+-- and of KEY_SUFFIXES (allocator/_core/keys.py): P:pool_keys.
+P.SUFFIXES = {'meta', 'res', 'gone', 'free', 'park', 'q', 'recs', 'exp', 'bind', 'bexp', 'alive',
+  'rlog', 'pick', 'held', 'stats', 'events', 'tw', 'tq', 'tenants'}
 -- Counters of this run, reported by gc(); `more`: dispatch stopped at
 -- DROP_LIMIT with dead tickets left at the head.
 P.reclaimed, P.dropped, P.more = 0, 0, false

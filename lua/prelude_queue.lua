@@ -60,7 +60,7 @@ function P:hints()
   return h
 end
 
--- The pool's event log (KEYS[16], a stream), where its operator switched it
+-- The pool's event log (`<p>:events`, a stream), where its operator switched it
 -- on (META `ev`: about how many entries it keeps, set_events.lua): one
 -- entry per grant, release, expiry, reclaim, revocation, quarantine and
 -- dropped waiter, with fields `kind`, `resource`, `token`, `client` (and
@@ -72,8 +72,8 @@ function P:event(kind, res, token, cid, owner)
     self:meta()
   end
   if self.ev then
-    -- KEYS[16], made from KEYS[15] (`<p>:stats`): a field of P for it would
-    -- cost every run of every script, the log being off or not.
+    -- Named from STATS (`<p>:stats`): a field of P for it would cost every
+    -- run of every script, the log being off or not.
     local key = string.sub(self.STATS, 1, -6) .. 'events'
     if owner then
       redis.call('XADD', key, 'MAXLEN', '~', self.ev, '*', 'kind', kind,
@@ -83,6 +83,16 @@ function P:event(kind, res, token, cid, owner)
         'resource', res, 'token', token, 'client', cid)
     end
   end
+end
+
+-- The pool's keys, in the order of P.SUFFIXES, for the scripts that look
+-- at all of them (delete, gc, status).
+function P:pool_keys()
+  local b, keys = string.sub(self.META, 1, -5), {}
+  for i, suffix in ipairs(self.SUFFIXES) do
+    keys[i] = b .. suffix
+  end
+  return keys
 end
 
 -- Where the queue's granted part ends, when `ld` cannot be read: every

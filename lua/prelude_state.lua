@@ -15,8 +15,33 @@
 -- known to be digits; a pattern match costs ~80 per character (lua/README.md,
 -- "Costs").
 
--- The state of one call: the keys, the clock, the resource records read in
--- this run (by name; false: not in the pool). Every time is the server's.
+-- The names of the pool's keys. A call declares one key of the pool, META
+-- (`<p>:meta`), and the others are named from it: every key of a pool
+-- carries the same hash tag, so they live in the slot of the one declared,
+-- and each key declared costs a call about 1,400 instructions (the server
+-- copies it into KEYS). N is also the metatable of the state of a call,
+-- which finds the names through it. They depend on KEYS[1] alone: the
+-- Functions library makes them once per pool and keeps them across calls
+-- (allocator/_scripts.py, library_text), so a call there names no key.
+local N
+do
+  local b = string.sub(KEYS[1], 1, -5)
+  N = {
+    META = KEYS[1], RES = b .. 'res', GONE = b .. 'gone', FREE = b .. 'free',
+    PARK = b .. 'park', Q = b .. 'q', RECS = b .. 'recs', EXP = b .. 'exp', BIND = b .. 'bind',
+    BEXP = b .. 'bexp', ALIVE = b .. 'alive', RLOG = b .. 'rlog', PICK = b .. 'pick',
+    HELD = b .. 'held', STATS = b .. 'stats',
+    -- (The event log `<p>:events` is named where it is written, P:event;
+    -- the tenant index, `<p>:tw`, `<p>:tq`, `<p>:tenants`, by P:tkey.)
+    -- The prefix of the clients' signal lists, `<p>:s:`.
+    SIG = b .. 's:',
+  }
+  N.__index = N
+end
+
+-- @call: above, the names of the keys; below, the state of one call.
+-- The state of one call: the clock, the resource records read in this
+-- run (by name; false: not in the pool). Every time is the server's.
 -- Scripts are replicated by their effects, so reading TIME here is safe.
 -- `now_s` is the time in us as an exact string (Lua's own conversion keeps
 -- only 14 digits), made without a string.format: every number formatted
@@ -32,17 +57,11 @@ do
   -- (Arithmetic turns the digits of TIME into numbers for about a third
   -- of what tonumber costs, a call of a global function.)
   local us = t[1] * 1000000 + t[2]
-  P = {
-    META = KEYS[1], RES = KEYS[2], GONE = KEYS[3], FREE = KEYS[4], PARK = KEYS[5],
-    Q = KEYS[6], RECS = KEYS[7], EXP = KEYS[8], BIND = KEYS[9], BEXP = KEYS[10],
-    ALIVE = KEYS[11], RLOG = KEYS[12], PICK = KEYS[13], HELD = KEYS[14], STATS = KEYS[15],
-    -- (KEYS[16], the event log, is named where it is written: P:event;
-    -- KEYS[17] to KEYS[19], the tenant index, by P:tkey.)
-    SIG = KEYS[20],
+  P = setmetatable({
     -- The caller's own signal list, where a script declares it (acquire,
-    -- poll, cancel).
-    OWN = KEYS[21],
+    -- acquire_many, poll, cancel): the second key.
+    OWN = KEYS[2],
     records = {},
     now_us = us, now = (us - us % 1000) / 1000, now_s = t[1] .. string.sub('00000' .. t[2], -6),
-  }
+  }, N)
 end

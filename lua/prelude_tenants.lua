@@ -16,17 +16,17 @@
 --
 -- The queue stays the stream; the index only says who is next, and each
 -- change of it is O(log n) in waiters and tenants:
--- TW (KEYS[17], `<p>:tw`), the waiting tickets by tenant, all scores 0,
+-- TW (`<p>:tw`), the waiting tickets by tenant, all scores 0,
 --   members `<tenant>\0<ticket id in fixed width, 15 and 10 digits>`: a
 --   tenant's line is a lex range in arrival order (tenants hold no control
 --   character);
--- TQ (KEYS[18], `<p>:tq`), the waiting tenants in the order they are
+-- TQ (`<p>:tq`), the waiting tenants in the order they are
 --   served, all scores 0, members `<count: 14 hex><its first ticket, in
 --   fixed width><tenant>`, changed by a remove and an add;
--- TEN (KEYS[19], `<p>:tenants`), per tenant `c|` its count (14 hex), `w|`
+-- TEN (`<p>:tenants`), per tenant `c|` its count (14 hex), `w|`
 --   its weight, `g|` its grants; `v` the start of the last grant (14 hex).
--- The keys are declared, and named here from KEYS[15] (as P:event names
--- the log): a field of P for them would cost every run under `fifo` too.
+-- The keys are named here from STATS (as P:event names the log): a field
+-- of P for them would cost every run under `fifo` too.
 -- While the order is `tenant` the index holds every waiting ticket (a
 -- ticket joins it in the run that queues it); switching to it builds the
 -- index in bounded steps (set_order.lua, META `ord` = 'b' meanwhile, the

@@ -1,7 +1,7 @@
 -- set_events: switch the pool's event log on, keeping about `maxlen` of its
 -- latest entries (older ones are trimmed, `XADD ... MAXLEN ~`), or off
 -- ('0'). The setting is META `ev`, read by every run with the rest of META
--- (P:meta); the log is KEYS[16] (P:event). Switched off, the entries already
+-- (P:meta); the log is `<p>:events` (P:event). Switched off, the entries already
 -- written stay (capped as they were) until the pool is deleted; a smaller
 -- length trims the log at its next entry (no XTRIM: the pool's ACL lines
 -- need no command more).

@@ -30,8 +30,9 @@ if bad then
   return bad
 end
 
-local exists = redis.call('EXISTS', unpack(KEYS, 1, 15)) +
-  redis.call('EXISTS', KEYS[17], KEYS[18], KEYS[19])
+local keys = P:pool_keys()
+local exists = redis.call('EXISTS', unpack(keys, 1, 15)) +
+  redis.call('EXISTS', keys[17], keys[18], keys[19])
 local meta = redis.call('HMGET', P.META, 'bhit', 'bmiss', 'xw', 'tu')
 P:meta()
 local order = P.ord == 't' and 'tenant' or (P.ord == 'b' and 'building' or 'fifo')

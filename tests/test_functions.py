@@ -25,6 +25,7 @@ from allocator._scripts import (
     READ_ONLY,
     SCRIPTS,
     _sources,
+    declared,
     library_text,
     scripts,
 )
@@ -119,3 +120,30 @@ def test_the_environment_can_keep_every_client_on_scripts(redis_url: str, pool_n
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == SCRIPTS
+
+
+def test_a_call_declares_meta_and_its_own_list_and_a_cluster_client_every_key(
+    client: Any,
+) -> None:
+    """A call declares the pool's META key and the caller's own signal list
+    (the scripts name the rest from META); a Cluster client declares every
+    key of the pool after those two, so that a moving slot stops the call
+    before it starts. The scripts read the same pool either way."""
+    pool = FairAllocator(client, "declared")._pool
+    own = (*pool.keys, pool.signal_key("c1"))
+    assert declared(pool.keys, False) == (pool.keys[0],)
+    assert declared(own, False) == (pool.keys[0], own[-1])
+    every = declared(own, True)
+    assert every[:2] == (pool.keys[0], own[-1])
+    assert sorted(every[2:]) == sorted(pool.keys[1:-1])  # not the signal lists' prefix
+    assert declared(pool.keys, True)[1:] == pool.keys[1:-1]
+    alloc = FairAllocator(client, "declared")
+    alloc.extend(["a", "b"])
+    held = alloc.acquire(timeout=5)
+    text = scripts().text["stats"]
+    replies = [
+        client.execute_command("EVAL", text, len(keys), *keys)
+        for keys in (declared(pool.keys, False), declared(pool.keys, True))
+    ]
+    assert replies[0][2:] == replies[1][2:] and b"w1" in replies[0]  # [1]: the clock
+    alloc.release(held)

@@ -7,7 +7,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from allocator._scripts import HELPERS_MARK, OPERATIONS, PRELUDE, load_scripts, prelude_text
+from allocator._core.keys import KEY_SUFFIXES
+from allocator._scripts import (
+    CALL_MARK,
+    HELPERS_MARK,
+    OPERATIONS,
+    PRELUDE,
+    load_scripts,
+    prelude_text,
+)
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
 
@@ -45,6 +53,12 @@ def test_the_helpers_mark_splits_the_state_from_the_helpers() -> None:
     # default is set there, before any helper that reads it.
     state, defaults = part(PRELUDE[0]), part(PRELUDE[1])
     assert HELPERS_MARK not in state and not DEFINED.search(state)
+    # The state starts with the names of the keys, which the Functions
+    # library keeps per pool: they read KEYS[1] and nothing of the call.
+    assert joined.count(CALL_MARK) == 1
+    names, _, call = state.partition(CALL_MARK)
+    assert "KEYS[1]" in names and "redis.call(" not in names and "ARGV" not in names
+    assert "KEYS[2]" in call
     assert defaults.startswith(HELPERS_MARK)
     for name in PRELUDE[2:]:
         assert not re.search(r"^P\.[A-Za-z_]+(?:, P\.[A-Za-z_]+)* = ", part(name), re.M), name
@@ -69,3 +83,15 @@ def test_no_lua_file_is_longer_than_600_lines() -> None:
     for f in sorted(LUA.glob("*.lua")):
         lines = f.read_text(encoding="utf-8").count("\n")
         assert lines <= 600, f"{f.name}: {lines} lines"
+
+
+def test_the_scripts_name_the_keys_as_the_clients_do() -> None:
+    """The scripts name every key of a pool from its META key, with the
+    suffixes of allocator/_core/keys.py, in the same order."""
+    suffixes = re.search(r"^P\.SUFFIXES = \{(.*?)\}", part("prelude_defaults"), re.M | re.S)
+    assert suffixes is not None
+    assert tuple(re.findall(r"'([a-z]+)'", suffixes.group(1))) == KEY_SUFFIXES
+    state = part("prelude_state")
+    for suffix in KEY_SUFFIXES:
+        if suffix not in ("meta", "events", "tw", "tq", "tenants"):
+            assert f"b .. '{suffix}'" in state, suffix

@@ -23,68 +23,88 @@ from callgrind_cost import Callgrind
 
 from allocator import FairAllocator
 from allocator._core.checks import default_owner
-from allocator._scripts import scripts
+from allocator._scripts import declared, scripts
 
 #: The commands of an uncontended acquire (it grants), a release (nobody
 #: waits) and a renew, as the pool's scripts send them.
 REPLAY = r"""#!lua name=callgrind_replay
+-- The keys named from KEYS[1], kept per pool across calls, as the pool's
+-- library names them.
+local SUFFIXES = {'meta', 'res', 'gone', 'free', 'park', 'q', 'recs', 'exp', 'bind', 'bexp',
+  'alive', 'rlog', 'pick', 'held', 'stats', 'events', 'tw', 'tq', 'tenants'}
+local NAMES = {}
+local function names(KEYS)
+  local k = NAMES[KEYS[1]]
+  if not k then
+    local b = string.sub(KEYS[1], 1, -5)
+    k = {}
+    for i, suffix in ipairs(SUFFIXES) do
+      k[i] = b .. suffix
+    end
+    NAMES[KEYS[1]] = k
+  end
+  return k
+end
 redis.register_function('replay_acquire', function(KEYS, ARGV)
+  local K = names(KEYS)
   local t = redis.call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now = (us - us % 1000) / 1000
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
-  redis.call('HGET', KEYS[7], ARGV[1])
-  redis.call('HMGET', KEYS[1], 'ld', 'nd', 'nh', 'ev', 'hint')
-  redis.call('XLEN', KEYS[6])
-  redis.call('ZCARD', KEYS[8])
-  local id = redis.call('XADD', KEYS[6], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
+  redis.call('HGET', K[7], ARGV[1])
+  redis.call('HMGET', K[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  redis.call('XLEN', K[6])
+  redis.call('ZCARD', K[8])
+  local id = redis.call('XADD', K[6], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
     'o', ARGV[8])
-  local best = redis.call('ZRANGE', KEYS[4], '0', '0')[1]
+  local best = redis.call('ZRANGE', K[4], '0', '0')[1]
   local name = string.sub(best, 15)
-  redis.call('HGET', KEYS[2], name)
-  redis.call('XCLAIM', KEYS[6], 'g', 'd', '0', id, 'FORCE', 'JUSTID')
-  redis.call('HSET', KEYS[1], 'ld', id)
-  redis.call('ZREM', KEYS[4], best)
-  redis.call('HSET', KEYS[2], name, '1|0|1|' .. now_s .. '|a|0||0|0|0')
-  redis.call('ZADD', KEYS[14], '0', name .. '\0' .. ARGV[1])
-  redis.call('HINCRBY', KEYS[15], 'w1', '1')
+  redis.call('HGET', K[2], name)
+  redis.call('XCLAIM', K[6], 'g', 'd', '0', id, 'FORCE', 'JUSTID')
+  redis.call('HSET', K[1], 'ld', id)
+  redis.call('ZREM', K[4], best)
+  redis.call('HSET', K[2], name, '1|0|1|' .. now_s .. '|a|0||0|0|0')
+  redis.call('ZADD', K[14], '0', name .. '\0' .. ARGV[1])
+  redis.call('HINCRBY', K[15], 'w1', '1')
   local dl = string.format('%d', now + ARGV[3])
-  redis.call('HSET', KEYS[7], ARGV[1], 'L|' .. id .. '|' .. now_s .. '|' .. now_s .. '|' .. dl ..
+  redis.call('HSET', K[7], ARGV[1], 'L|' .. id .. '|' .. now_s .. '|' .. now_s .. '|' .. dl ..
     '|' .. ARGV[3] .. '|' .. ARGV[2] .. '|0|' .. name)
-  redis.call('ZADD', KEYS[8], dl, ARGV[1])
+  redis.call('ZADD', K[8], dl, ARGV[1])
   return {'granted', id, now_s, now_s, now + ARGV[3], ARGV[3], name}
 end)
 redis.register_function('replay_release', function(KEYS, ARGV)
+  local K = names(KEYS)
   local t = redis.call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
-  redis.call('HMGET', KEYS[1], 'ld', 'nd', 'nh', 'ev', 'hint')
-  local name = string.match(redis.call('HGET', KEYS[7], ARGV[1]), '|([^|]*)$')
-  redis.call('HDEL', KEYS[7], ARGV[1])
-  redis.call('ZREM', KEYS[8], ARGV[1])
-  redis.call('XACK', KEYS[6], 'g', ARGV[2])
-  redis.call('XDEL', KEYS[6], ARGV[2])
-  redis.call('ZREM', KEYS[14], name .. '\0' .. ARGV[1])
-  redis.call('HGET', KEYS[2], name)
-  redis.call('XLEN', KEYS[6])
-  redis.call('ZCARD', KEYS[8])
+  redis.call('HMGET', K[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  local name = string.match(redis.call('HGET', K[7], ARGV[1]), '|([^|]*)$')
+  redis.call('HDEL', K[7], ARGV[1])
+  redis.call('ZREM', K[8], ARGV[1])
+  redis.call('XACK', K[6], 'g', ARGV[2])
+  redis.call('XDEL', K[6], ARGV[2])
+  redis.call('ZREM', K[14], name .. '\0' .. ARGV[1])
+  redis.call('HGET', K[2], name)
+  redis.call('XLEN', K[6])
+  redis.call('ZCARD', K[8])
   local stamp = string.format('%014x', us)
-  redis.call('ZADD', KEYS[4], '0', stamp .. name)
-  redis.call('HSET', KEYS[2], name, '1|0|0|' .. now_s .. '|a|0|' .. stamp .. '|0|0|0')
+  redis.call('ZADD', K[4], '0', stamp .. name)
+  redis.call('HSET', K[2], name, '1|0|0|' .. now_s .. '|a|0|' .. stamp .. '|0|0|0')
   return {'released'}
 end)
 redis.register_function('replay_renew', function(KEYS, ARGV)
+  local K = names(KEYS)
   local t = redis.call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now = (us - us % 1000) / 1000
-  redis.call('HMGET', KEYS[1], 'ld', 'nd', 'nh', 'ev', 'hint')
-  local rec = redis.call('HGET', KEYS[7], ARGV[1])
-  redis.call('HGET', KEYS[2], string.match(rec, '|([^|]*)$'))
+  redis.call('HMGET', K[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  local rec = redis.call('HGET', K[7], ARGV[1])
+  redis.call('HGET', K[2], string.match(rec, '|([^|]*)$'))
   local dl = string.format('%d', now + ARGV[3])
-  redis.call('HSET', KEYS[7], ARGV[1], rec)
-  redis.call('ZADD', KEYS[8], dl, ARGV[1])
-  redis.call('XLEN', KEYS[6])
-  redis.call('ZCARD', KEYS[8])
+  redis.call('HSET', K[7], ARGV[1], rec)
+  redis.call('ZADD', K[8], dl, ARGV[1])
+  redis.call('XLEN', K[6])
+  redis.call('ZCARD', K[8])
   return {'renewed', now + ARGV[3]}
 end)
 """
@@ -103,9 +123,11 @@ def main() -> None:
         pool.extend(["a", "b"])
         for _ in range(50):
             pool.release(pool.acquire())
-        keys = list(pool._pool.keys)
+        # The keys the pool's own calls declare (META, and the caller's own
+        # signal list where it has one).
         cid = "p." + secrets.token_urlsafe(9)
-        own = [*keys, pool._pool.signal_key(cid)]
+        keys = declared(pool._pool.keys, False)
+        own = declared((*pool._pool.keys, pool._pool.signal_key(cid)), False)
         owner = default_owner()
 
         def replay_cycle() -> None:
