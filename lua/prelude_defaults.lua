@@ -53,7 +53,7 @@ P.reclaimed, P.dropped, P.more = 0, 0, false
 -- ({tag, key, msg}; false: not read yet, P:hints; NO_HINT: none, never
 -- changed in place); the caller's own hint (P:hint); the time as hex
 -- (P:now_stamp).
-P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, 0, 0, false, false, false
+P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, false, 0, false, false, false
 P.NO_HINT, P.hint_tag = {false, false, false}, false
 -- Resource record text -> its `rv` (P:counts); [1]: how many it holds.
 P.RV_OF = {0}

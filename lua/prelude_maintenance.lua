@@ -162,9 +162,14 @@ end
 
 -- Handle what is due, if anything can be; then raise `nd` and `nh` to the
 -- earliest times still scheduled (they stay in the past if a batch left
--- some due: the next run goes on).
-function P:maintain(limit)
-  self:meta()
+-- some due: the next run goes on). `light`: read only `nd` and `nh` of META
+-- (P:times), for a run that may need no more of it.
+function P:maintain(limit, light)
+  if light then
+    self:times()
+  else
+    self:meta()
+  end
   if self.nd > self.now then
     return 0, 0
   end

@@ -187,8 +187,8 @@ end
 function P:schedule(key, at, member, text, wakes)
   text = text or self.istr(at) or at
   redis.call('ZADD', key, text, member)
-  if not self.ld then
-    self:meta()
+  if not self.nd then
+    self:times()
   end
   if at < self.nd then
     self.nd = at

@@ -17,7 +17,8 @@ if not (lid and ticket and ttl and lid ~= '' and ticket ~= '' and #lid <= 128 an
   end
 end
 
-P:maintain()
+-- Of META, only `nd` and `nh`: while nobody waits, a renew needs no more.
+P:maintain(nil, true)
 local L, _, damaged = P:lease_load(lid)
 if damaged then
   return P:corrupt_lease(lid)

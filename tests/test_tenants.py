@@ -167,12 +167,15 @@ def test_weights_share_the_resource_three_to_one(
     workers = clients()
     heavy, light = workers.new(), workers.new()
     held = admin.acquire(timeout=5)
-    heavy.send(("sustain", "heavy", 3))
-    light.send(("sustain", "light", 3))
-    queued(admin, 6)
+    heavy.send(("sustain", "heavy", 8))
+    light.send(("sustain", "light", 4))
+    queued(admin, 12)
     admin.release(held)
-    # Every thread queues again as soon as it released: both tenants wait
-    # all along the first 400 grants.
+    # Every thread queues again as soon as it released, and each tenant has
+    # more threads than grants in a row (3 and 1), so both wait all along
+    # the first 400 grants, however slowly a thread queues again on a
+    # loaded machine (with 3 threads each, a heavy thread late to queue
+    # again left its tenant's line empty, and the grant went to the light).
     grants = workers.grants(400)
     workers.stop()
     share = Counter(g["tenant"] for g in grants)
