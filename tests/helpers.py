@@ -241,7 +241,21 @@ def readers_quiet(*pools: Any, timeout: float = 10.0) -> None:
 
 def blocked_readers(client: Any) -> int:
     """Clients blocked in a reader's round right now (BLMPOP, or BLPOP on
-    Redis 6.2: a reader waiting on its list)."""
+    Redis 6.2: a reader waiting on its list), of those that connected since
+    ``client`` did (connection ids grow): a reader of an earlier test on the
+    same server, which lingers a few seconds after its last waiter, is not
+    one of this test's."""
+    pool = client.connection_pool
+    mine = set()
+    for conn in [*pool._available_connections, *pool._in_use_connections]:
+        sock = getattr(conn, "_sock", None)
+        if sock is not None:
+            host, port = sock.getsockname()[:2]
+            mine.add(f"{host}:{port}")
+    listed = client.client_list()
+    first = min((int(c["id"]) for c in listed if c["addr"] in mine), default=0)
     return sum(
-        1 for c in client.client_list() if c.get("cmd") in ("blpop", "blmpop") and "b" in c["flags"]
+        1
+        for c in listed
+        if int(c["id"]) >= first and c.get("cmd") in ("blpop", "blmpop") and "b" in c["flags"]
     )
