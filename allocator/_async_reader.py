@@ -127,10 +127,17 @@ class Reader:
         """Same as the sync reader's, awaitable."""
         if self.joined(pool):
             return
+        task = asyncio.current_task()
+        cancels = _cancelling(task)
         channel = self.core.presences.channel(pool)
         kept = False if self.presence is None else await self.presence.join(channel, budget)
         if kept is not None:  # None: the server was out of reach; next time
             self.core.presences.decide(pool, kept)
+        if _cancelling(task) > cancels:
+            # A cancellation that redis-py swallowed on the way (as drive
+            # finds after a step): the acquire that joins ends here, before
+            # it queues, instead of waiting on until its timeout.
+            raise asyncio.CancelledError()
 
     # -- what the client holds: the presence watch -----------------------------
 
@@ -250,8 +257,14 @@ class Reader:
                         return self.core.trouble
                     continue
                 span = None if deadline is None else max(deadline - self.loop.time(), 0.0)
+                # (Not asyncio.wait_for: on Python 3.11 it returns the item
+                # when the item and a cancellation land together, and the
+                # cancelled waiter would go on to lead the rounds until its
+                # timeout. A cancellation here leaves the item in the inbox,
+                # and the lead passes on: `finally`.)
                 try:
-                    item = await asyncio.wait_for(inbox.get(), span)
+                    async with asyncio.timeout(span):
+                        item = await inbox.get()
                 except TimeoutError:
                     return self.core.trouble
                 if item is not LEAD:
@@ -289,6 +302,8 @@ class Reader:
 
     async def _lead(self, me: Any, inbox: Any, deadline: float | None) -> None:
         """Same as the sync reader's, awaitable."""
+        task = asyncio.current_task()
+        cancels = _cancelling(task)
         while True:
             step = self.lead.next_step(me, inbox, deadline, self.loop.time())
             if step is None:
@@ -314,6 +329,12 @@ class Reader:
             else:
                 if reply is not PARTIAL:
                     self.lead.done(reply, None)
+                if _cancelling(task) > cancels:
+                    # redis-py finished the round that a cancellation
+                    # interrupted and returned its replies (as drive finds
+                    # after a step): they are handed on, and the cancelled
+                    # leader stops here instead of leading until its timeout.
+                    raise asyncio.CancelledError()
 
     def _wake(self, whom: Any) -> None:
         """Same as the sync reader's: hand the lead to a follower, or start

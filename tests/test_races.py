@@ -290,15 +290,19 @@ def test_async_cancellation_leaves_nothing_behind(
         apool = AsyncFairAllocator(client, pool_name)
         await apool.extend(["r"])
         held = await apool.acquire(timeout=5)
-        # Cancel at successive points: before the first await completes, and
-        # while queued (waiting on the router).
-        for spins in (0, 1, 2, 5, 20):
-            task = asyncio.ensure_future(apool.acquire(timeout=30))
+        # Cancel at successive points: before the first await completes,
+        # while it queues, as it starts to wait and lead the rounds, and
+        # while queued. Without a timeout, so that a cancellation swallowed
+        # on the way (redis-py finishes a command a cancellation interrupted
+        # and returns its reply) would leave the acquire waiting for ever:
+        # the guard's TimeoutError, not the CancelledError.
+        for spins in range(24):
+            task = asyncio.ensure_future(apool.acquire(timeout=None))
             for _ in range(spins):
                 await asyncio.sleep(0)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
-                await task
+                await asyncio.wait_for(task, 60)
             assert (await apool.status()).waiting == 0
         # Queued for sure, then cancelled: still nothing left.
         task = asyncio.ensure_future(apool.acquire(timeout=30))
