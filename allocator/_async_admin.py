@@ -172,7 +172,7 @@ class AsyncAdmin:
         found absent whose grace still runs are waited for (a grace at most, about
         a second) and looked at again, so that one call leaves no dead waiter
         behind. Safe to run from any number of processes at once. A server error
-        (an ACL that refuses `XAUTOCLAIM`, say) is raised
+        (an ACL that refuses `XRANGE`, say) is raised
         ([operations](operations.md#garbage-collection)).
         """
         return await self._drive(self._pool.gc())

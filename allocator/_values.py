@@ -278,7 +278,7 @@ class GCReport:
         dropped_waiters: Queue entries of waiters that were gone.
         expired_bindings: Soft bindings past their ttl.
         unparked: Quarantines and rate throttles that ended.
-        orphans: Pending queue entries with no lease behind them, cleaned
+        orphans: Granted queue entries with no lease behind them, cleaned
             up.
         repaired: Resources whose lease count disagreed with their live
             leases, set right.

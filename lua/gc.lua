@@ -2,11 +2,9 @@
 -- the returned cursors until both are done and nothing is left due. Safe to
 -- run from any number of processes at once: every step is one atomic run.
 --
--- 1. leases past their deadline: those due in `exp`, and every pending ticket
---    of the group, found page by page with XAUTOCLAIM (its reply has two
---    elements on Redis 6.2 and three on 7.0; the claim resets the entry's
---    idle time, which nothing here relies on: each lease's own deadline on
---    the server clock decides);
+-- 1. leases past their deadline: those due in `exp`, and every leased ticket
+--    of the queue, found page by page (a ticket stays in the stream as long
+--    as its lease; each lease's own deadline on the server clock decides);
 -- 2. queue entries of waiters that are gone, page by page through the
 --    waiting part of the queue (after `ld`: the cursor never goes back into
 --    granted tickets, however far the queue moved between two steps);
@@ -25,10 +23,10 @@
 -- hint without its list, figures that hold no integer (removed: they read
 -- as 0). Every record, entry or field set right counts in `repaired`.
 --
--- ARGV: pel_cursor ('0-0' to start), queue_cursor ('' to start),
+-- ARGV: lease_cursor ('0-0' to start), queue_cursor ('' to start),
 --       res_cursor ('0' to start, '' to skip), count (1 to 1000)
 -- Reply: {'gc', reclaimed, dropped_waiters, expired_bindings, unparked,
---         orphans, repaired, next_pel_cursor ('0-0': done),
+--         orphans, repaired, next_lease_cursor ('0-0': done),
 --         next_queue_cursor ('': done), next_res_cursor ('': done),
 --         more (1: something due was left for the next step),
 --         absent_ms (0, or how long until the last grace ends of the
@@ -38,9 +36,9 @@
 --         naming a key of the wrong type (nothing written), or, after the
 --         step's work, a resource of this page whose fence cannot grow
 --         (lua/README.md, "Tokens"): it stays out of rotation.
-local pel_cursor, q_cursor, res_cursor, count = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local bad = (not (pel_cursor and P.is_id(pel_cursor)) and
-    P:bad_arg('gc', 'pel_cursor', 'must be a stream id', pel_cursor)) or
+local lease_cursor, q_cursor, res_cursor, count = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local bad = (not (lease_cursor and P.is_id(lease_cursor)) and
+    P:bad_arg('gc', 'lease_cursor', 'must be a stream id', lease_cursor)) or
   (q_cursor ~= '' and not (q_cursor and P.is_id(q_cursor)) and
     P:bad_arg('gc', 'queue_cursor', "must be a stream id or ''", q_cursor)) or
   (res_cursor ~= '' and not (res_cursor and #res_cursor < 20 and
@@ -74,15 +72,16 @@ local m = redis.call('HMGET', P.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hint
   'bhit', 'bmiss', 'wseq', 'epoch', 'ord', 'oc')
 -- (The tenant order, prelude_tenants.lua: `ord` no script writes is fifo,
 -- with P:peek stepping over every granted ticket (from `ld`, which is then
--- no longer the last granted in queue order: `oo`, the last pending one);
+-- no longer the last granted in queue order: `oo`, the last ticket then);
 -- a damaged build cursor restarts the build.)
 local ordered = m[12]
 local state, rest = string.match(m[12] or '', '^([tbf]?)(.*)$')
 if m[12] and not ((rest == '' and state ~= '') or
     (string.sub(rest, 1, 1) == '|' and P.is_id(string.sub(rest, 2)))) then
-  local p = redis.pcall('XPENDING', P.Q, 'g')
-  if not p.err and p[3] then
-    redis.call('HSET', P.META, 'ord', '|' .. p[3])
+  -- (fifo, P:peek stepping over the leased tickets up to the last one now.)
+  P:last_granted()
+  if P.oo then
+    redis.call('HSET', P.META, 'ord', '|' .. P.oo)
   else
     redis.call('HDEL', P.META, 'ord')
   end
@@ -95,9 +94,16 @@ if m[13] and not P.is_id(m[13]) then
   repaired = repaired + 1
 end
 if m[1] and not P.is_id(m[1]) then
-  -- (Under the tenant order, or after it, grants left queue order: the
-  -- start of the queue, where P:peek steps over the granted tickets.)
-  redis.call('HSET', P.META, 'ld', ordered and '0-0' or P:last_granted())
+  -- The start of the queue, where P:peek steps over the granted tickets:
+  -- under the tenant order, or after it, as it does anyway; else up to the
+  -- last ticket now (P:last_granted).
+  redis.call('HSET', P.META, 'ld', '0-0')
+  if not ordered then
+    P:last_granted()
+    if P.oo then
+      redis.call('HSET', P.META, 'ord', '|' .. P.oo)
+    end
+  end
   repaired = repaired + 1
 end
 for i = 2, 3 do
@@ -143,63 +149,50 @@ if reclaimed_now >= count or unparked >= count then
   more = 1
 end
 
--- 1. The pending list: every granted ticket, whatever EXP says about it.
-local claimed = redis.pcall('XAUTOCLAIM', P.Q, 'g', 'd', 0, pel_cursor, 'COUNT', count, 'JUSTID')
-local next_pel = '0-0'
--- No group yet (nothing was ever granted) means nothing is pending; any
--- other error (an ACL without XAUTOCLAIM, say) is the caller's to see.
-if claimed.err and not string.find(tostring(claimed.err), 'NOGROUP', 1, true) then
-  return redis.error_reply(tostring(claimed.err))
-end
-if not claimed.err then
-  local before = P.reclaimed
-  next_pel = claimed[1]
-  for _, id in ipairs(claimed[2]) do
-    local e = redis.call('XRANGE', P.Q, id, id)[1]
-    local t = e and P.ticket_of(e)
-    local L, raw, damaged = nil, nil, nil
-    if t and t.l then
-      L, raw, damaged = P:lease_load(t.l)
-    end
-    if L and L.ticket == id then
-      if L.deadline <= P.now then
-        P:end_and_settle(t.l, L)
-        P:tell_end(t.l, L.cid)
-        P.reclaimed = P.reclaimed + 1
-      elseif not P.counted(L, P:res_load(L.res)) then
-        -- Void (its resource was removed with force, or removed and added
-        -- again): it was counted among the revoked then, and its holder
-        -- told; only its record is left, which its holder's renew or
-        -- release would have cleaned up.
-        P:end_and_settle(t.l, L)
-      end
-    elseif raw and string.sub(raw, 3) == id then
-      -- A waiting ticket that the group delivered without a grant (the group
-      -- was moved by hand): ack it; it keeps its place in the queue.
-      redis.call('XACK', P.Q, 'g', id)
-    else
-      if damaged then
-        -- A damaged lease record: a lease that cannot be ended as leases
-        -- are. Record, deadline and pick-up check go with the ticket; its
-        -- entry in the index of live leases, with the repair of its
-        -- resource (4.).
-        redis.call('HDEL', P.RECS, t.l)
-        redis.call('ZREM', P.EXP, t.l)
-        redis.call('ZREM', P.PICK, t.l)
-        repaired = repaired + 1
-      end
-      -- Pending with no lease behind it: a leftover, acked and deleted.
-      redis.call('XACK', P.Q, 'g', id)
-      redis.call('XDEL', P.Q, id)
-      orphans = orphans + 1
-    end
+-- 1. Every leased ticket, whatever EXP says about it: a page of the stream
+-- (a ticket stays there as long as its lease), from the cursor on. A ticket
+-- whose record is its lease: ended if past its deadline or void. One up to
+-- `ld` (granted, in queue order) whose lease is gone, or whose record is
+-- damaged: a leftover, deleted. The waiting ones are step 2's; a ticket
+-- after `ld` without a record is left to it too (under the tenant order a
+-- leased ticket may lie after `ld`, and is ended as leases are).
+local page = redis.call('XRANGE', P.Q, '(' .. lease_cursor, '+', 'COUNT', count)
+local next_lease = #page >= count and page[#page][1] or '0-0'
+local before = P.reclaimed
+for _, e in ipairs(page) do
+  local id, t = e[1], P.ticket_of(e)
+  local L, raw, damaged = nil, nil, nil
+  if t.l then
+    L, raw, damaged = P:lease_load(t.l)
   end
-  P:note('reclaimed', P.reclaimed - before)
-  -- Redis 7 also lists pending ids whose entries were deleted (and drops them).
-  if claimed[3] then
-    orphans = orphans + #claimed[3]
+  if L and L.ticket == id then
+    if L.deadline <= P.now then
+      P:end_and_settle(t.l, L)
+      P:tell_end(t.l, L.cid)
+      P.reclaimed = P.reclaimed + 1
+    elseif not P.counted(L, P:res_load(L.res)) then
+      -- Void (its resource was removed with force, or removed and added
+      -- again): it was counted among the revoked then, and its holder
+      -- told; only its record is left, which its holder's renew or
+      -- release would have cleaned up.
+      P:end_and_settle(t.l, L)
+    end
+  elseif not P.id_after(id, P.ld) and not (raw and string.sub(raw, 3) == id) then
+    if damaged then
+      -- A damaged lease record: a lease that cannot be ended as leases
+      -- are. Record, deadline and pick-up check go with the ticket; its
+      -- entry in the index of live leases, with the repair of its
+      -- resource (4.).
+      redis.call('HDEL', P.RECS, t.l)
+      redis.call('ZREM', P.EXP, t.l)
+      redis.call('ZREM', P.PICK, t.l)
+      repaired = repaired + 1
+    end
+    redis.call('XDEL', P.Q, id)
+    orphans = orphans + 1
   end
 end
+P:note('reclaimed', P.reclaimed - before)
 
 -- 2. Waiters that are gone, anywhere in the queue (dispatch drops them only
 -- when they reach the head). Tickets up to `ld` are granted: the walk
@@ -357,5 +350,5 @@ if stuck then
     "': its fence cannot grow (lua/README.md, \"Tokens\"): it is out of rotation; " ..
     'remove it and add it under another name')
 end
-return {'gc', P.reclaimed, P.dropped, #expired, unparked, orphans, repaired, next_pel, next_q,
+return {'gc', P.reclaimed, P.dropped, #expired, unparked, orphans, repaired, next_lease, next_q,
         next_res, more, absent_until > 0 and math.max(absent_until - P.now, 1) or 0}

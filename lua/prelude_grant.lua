@@ -31,9 +31,10 @@ function P:choose(t, best)
   return nil
 end
 
--- Grant the head a free resource. The ticket becomes pending in the group;
--- the token is the resource's next, floored on the server clock in us so
--- that tokens keep growing even after a restart that lost data. A waiter
+-- Grant the head a free resource. The ticket stays in the queue as long as
+-- its lease (P:deliver); the token is the resource's next, floored on the
+-- server clock in us so that tokens keep growing even after a restart that
+-- lost data. A waiter
 -- other than the caller is told by a push to its signal list; that grant
 -- must be popped within PICKUP_MS or it is taken back. nil (and nothing
 -- granted) if `best` was a stale member of FREE.

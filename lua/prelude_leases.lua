@@ -120,8 +120,8 @@ function P:counts(L)
 end
 
 -- End a lease record: release, expiry, revocation, take-back, or a cancel
--- that raced a grant. The ticket is acked and deleted, so the stream only
--- holds live tickets; a grant message nobody took is taken off its list, so
+-- that raced a grant. The ticket is deleted, so the stream only holds
+-- waiting tickets and those of live leases; a grant message nobody took is taken off its list, so
 -- no stray message is left. Returns the resource record with `used` lowered
 -- (not yet saved, so the caller may park it first), or nil if the lease no
 -- longer counted.
@@ -131,7 +131,6 @@ function P:end_lease(lid, L)
   if L.pickup == '1' then
     self:claim(lid, L, self.SIG .. L.cid)
   end
-  redis.call('XACK', self.Q, 'g', L.ticket)
   redis.call('XDEL', self.Q, L.ticket)
   redis.call('ZREM', self.HELD, L.res .. '\0' .. lid)
   local r = self:res_load(L.res)

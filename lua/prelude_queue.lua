@@ -115,28 +115,17 @@ function P:pool_keys()
   return keys
 end
 
--- Where the queue's granted part ends, when `ld` cannot be read: every
--- ticket up to `ld` was granted, and a granted ticket stays in the stream
--- (pending in the group) exactly as long as its lease: so the last pending
--- id splits the stream where `ld` did. Reads only; the next grant saves
--- `ld` (P:deliver), and gc at once.
+-- Where the queue's granted part ends, when `ld` cannot be read: not
+-- known, so the queue is read from its start, P:peek stepping over the
+-- tickets that are leased (P:tenant_skip) up to the last ticket in the
+-- queue now (`oo`: none after it was granted). Reads only; the next grant
+-- saves `ld` (P:deliver), and gc at once (with `oo`, P:tenant_save).
 function P:last_granted()
-  local p = redis.pcall('XPENDING', self.Q, 'g')
-  if p.err then
-    -- No group (nor queue): nothing was ever granted. Any other error is
-    -- raised as it came (see P.mend_figure).
-    if string.find(p.err, 'NOGROUP', 1, true) then
-      return '0-0'
-    end
-    p = redis.call('XPENDING', self.Q, 'g')
+  local e = redis.call('XREVRANGE', self.Q, '+', '-', 'COUNT', 1)[1]
+  if e and (not self.oo or self.id_after(e[1], self.oo)) then
+    self.oo = e[1]
   end
-  -- (tenant order: tickets were granted out of queue order, so the last
-  -- pending one may lie past waiting ones; the start of the queue is safe,
-  -- P:peek steps over the granted ones.)
-  if self.ord or self.oo then
-    return '0-0'
-  end
-  return p[3] or '0-0'
+  return '0-0'
 end
 
 -- Tickets waiting: every ticket in the stream is waiting or leased, and
@@ -180,18 +169,10 @@ function P:peek()
   return e and self.ticket_of(e)
 end
 
--- Deliver the head to the consumer group: from now on it is pending, and gc
--- finds it with XAUTOCLAIM. XCLAIM ... FORCE puts the ticket in the pending
--- list exactly as XREADGROUP would, at a sixth of the cost when called from
--- a script (callgrind, Redis 7.0: ~20k vs ~120k instructions); the order of
--- delivery is the queue order that META's `ld` tracks. A missing group
--- (deleted, or a new stream) is created again.
+-- The ticket `id` was granted: in queue order, the queue head is now the
+-- ticket after it (`ld`). The ticket stays in the stream as long as its
+-- lease, which is how gc finds every lease (gc.lua, 1.).
 function P:deliver(id)
-  local ok = redis.pcall('XCLAIM', self.Q, 'g', 'd', '0', id, 'FORCE', 'JUSTID')
-  if ok.err then
-    redis.call('XGROUP', 'CREATE', self.Q, 'g', '0', 'MKSTREAM')
-    redis.call('XCLAIM', self.Q, 'g', 'd', '0', id, 'FORCE', 'JUSTID')
-  end
   if self.ord == 't' then
     -- (tenant order) grants leave queue order: `ld` stays where every
     -- ticket before it is granted (prelude_tenants.lua).

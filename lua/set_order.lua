@@ -29,12 +29,12 @@ P:maintain()
 local tw = string.sub(P.STATS, 1, -6) .. 'tw'
 if order == 'fifo' then
   if P.ord == 't' then
-    -- Grants left queue order: the tickets granted after `ld` are leased,
-    -- so pending in the group, up to the last pending one (none: no group,
-    -- nothing was granted).
-    local p = redis.pcall('XPENDING', P.Q, 'g')
-    if not p.err and p[3] then
-      P.oo = p[3]
+    -- Grants left queue order: tickets granted after `ld` are leased, up to
+    -- the last ticket now at most (none: the queue is empty), and P:peek
+    -- steps over them until a grant passes it.
+    local e = redis.call('XREVRANGE', P.Q, '+', '-', 'COUNT', 1)[1]
+    if e then
+      P.oo = e[1]
     end
   end
   if P.ord == 't' or P.ord == 'b' then

@@ -179,8 +179,10 @@ def test_a_storm_of_exceptions_leaks_into_no_other_thread(
         thread.start()
     rng = random.Random(7)
     raised = 0
-    until = time.monotonic() + 4.0
-    while time.monotonic() < until:
+    # Until 40 were raised, not for a set time: on a loaded machine the
+    # threads may spend a window's time elsewhere than in their waits.
+    until = time.monotonic() + 120.0
+    while raised < 40 and time.monotonic() < until:
         time.sleep(rng.uniform(0.01, 0.06))
         number = rng.randrange(workers)
         with guard:
@@ -191,7 +193,7 @@ def test_a_storm_of_exceptions_leaks_into_no_other_thread(
     for thread in threads:
         thread.join(30)
         assert not thread.is_alive(), "a worker is stuck"
-    assert raised > 10
+    assert raised == 40, f"only {raised} raised into a waiting thread in 120 s"
     assert not foreign, f"{len(foreign)} exceptions came out of other threads: {foreign[:3]}"
     assert not errors, errors[:3]
     assert sum(surfaced) > 0 and sum(grants) > 0

@@ -478,12 +478,13 @@ def test_a_client_started_before_the_server_waits_for_it(
         server.close()
 
 
-# -- 14. the pending list as the safety net ------------------------------------------
+# -- 14. the queue as the safety net -------------------------------------------------
 
 
-def test_gc_reclaims_an_expired_lease_through_the_pending_list(pool_name: str, client: Any) -> None:
-    """Its deadline entry is gone (lost, or a bug): the walk of the stream's
-    pending list still finds the lease and ends it once it is past due."""
+def test_gc_reclaims_an_expired_lease_through_the_queue(pool_name: str, client: Any) -> None:
+    """Its deadline entry is gone (lost, or a bug): gc's walk of the queue,
+    where a ticket stays as long as its lease, still finds the lease and
+    ends it once it is past due."""
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
     lost = pool.acquire(timeout=5, ttl=0.2)
@@ -495,14 +496,32 @@ def test_gc_reclaims_an_expired_lease_through_the_pending_list(pool_name: str, c
     assert (status.free, status.leased, status.waiting) == (1, 0, 0)
 
 
-def test_a_pending_entry_whose_ticket_was_deleted_leaves_the_lease_alone(
-    pool_name: str, client: Any
-) -> None:
+def test_gc_deletes_a_granted_ticket_whose_lease_is_gone(pool_name: str, client: Any) -> None:
+    """A granted ticket whose lease record, deadline and index entry were
+    deleted (by hand, or a bug): gc deletes it (an orphan), and the resource
+    is set right; a waiting ticket behind it keeps its place."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    gone = pool.acquire(timeout=5)
+    keys = pool._pool.keys
+    client.hdel(keys[KEY["recs"]], gone.id)
+    client.zrem(keys[KEY["exp"]], gone.id)
+    client.zrem(keys[KEY["held"]], f"r\0{gone.id}")
+    assert client.xlen(keys[KEY["q"]]) == 1
+    report = pool.gc()
+    assert report.orphans == 1 and report.repaired >= 1
+    assert client.xlen(keys[KEY["q"]]) == 0
+    status = pool.status()
+    assert (status.free, status.leased, status.waiting) == (1, 0, 0)
+    assert pool.release(pool.acquire(timeout=5)) is True
+
+
+def test_a_lease_whose_ticket_was_deleted_is_left_alone(pool_name: str, client: Any) -> None:
     pool = FairAllocator(client, pool_name)
     pool.extend(["r", "s"])
     first, second = pool.acquire(timeout=5), pool.acquire(timeout=5)
     client.xdel(pool._pool.keys[KEY["q"]], first.ticket)
-    pool.gc()  # meets a pending id with no entry behind it
+    pool.gc()  # the walk of the queue does not meet it
     assert pool.renew(first).token == first.token
     assert pool.status().leased == 2
     assert pool.release(first) is True and pool.release(second) is True
@@ -611,17 +630,21 @@ def test_waiters_are_served_after_the_stream_was_deleted(
     assert waiter.expect("released") is True
 
 
-def test_waiters_keep_their_order_when_the_group_is_recreated_at_the_end(
+def test_a_consumer_group_an_older_version_left_on_the_queue_changes_nothing(
     redis_url: str, pool_name: str, client: Any, procs: Callable[..., Proc]
 ) -> None:
+    """Earlier versions kept granted tickets in a consumer group of the
+    queue (`g`, read with XCLAIM and XAUTOCLAIM). A pool they left with one,
+    every ticket in its pending list, is served in order and collected as
+    any other; the group is not read."""
     pool = FairAllocator(client, pool_name)
     pool.extend(["r"])
     held = pool.acquire(timeout=5)
     waiters = [procs(leaser, redis_url, pool_name, wait_go=True) for _ in range(3)]
     queue_in_order(pool, waiters)
     stream = pool._pool.keys[KEY["q"]]
-    client.xgroup_destroy(stream, "g")
-    client.xgroup_create(stream, "g", id="$")  # past every queued ticket
+    client.xgroup_create(stream, "g", id="0")
+    client.xreadgroup("g", "d", {stream: ">"})  # every ticket pending
     assert pool.release(held) is True
     tokens = [held.token]
     for waiter in waiters:
@@ -630,9 +653,10 @@ def test_waiters_keep_their_order_when_the_group_is_recreated_at_the_end(
         waiter.send("release")
         assert waiter.expect("released") is True
     assert tokens == sorted(set(tokens))
-    pool.gc()
+    assert pool.gc().orphans == 0
     status = pool.status()
     assert (status.free, status.leased, status.waiting) == (1, 0, 0)
+    assert client.xlen(stream) == 0
 
 
 # -- keepalive --------------------------------------------------------------------------------

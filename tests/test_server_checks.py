@@ -250,7 +250,7 @@ BAD: list[Case] = [
     *[case("revoke", {2: v}, "token") for v in ("0", "-1", "abc", "1e3", "1" * 20)],
     *[case("clients", {0: v}, "cursor") for v in ("z", "a", "ax", "q1-", "a" + "1" * 16)],
     *[case("clients", {1: v}, "count") for v in ("0", "10001", "abc")],
-    *[case("gc", {0: v}, "pel_cursor") for v in ("abc", "1-", "99999999999999999999-0", "")],
+    *[case("gc", {0: v}, "lease_cursor") for v in ("abc", "1-", "99999999999999999999-0", "")],
     case("gc", {1: "x"}, "queue_cursor"),
     *[case("gc", {2: v}, "res_cursor") for v in ("abc", "-1", "1" * 20)],
     *[case("gc", {3: v}, "count") for v in ("0", "1001", "abc")],

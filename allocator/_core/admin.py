@@ -504,22 +504,22 @@ class Admin(PoolBase):
             if tag != "gc" or len(rest) != 11:
                 raise _unexpected("gc", reply)
             counts = [int(x) for x in rest[:6]]
-            pel, queue, res = (_decode(x) for x in rest[6:9])
-            return counts, pel, queue, res, int(rest[9]) == 1, int(rest[10])
+            leased, queue, res = (_decode(x) for x in rest[6:9])
+            return counts, leased, queue, res, int(rest[9]) == 1, int(rest[10])
 
         yield from self._check_policy()
         totals = [0] * 6
-        pel, queue, res = "0-0", "", "0"
+        leased, queue, res = "0-0", "", "0"
         absent_ms = 0
         waited = 0.0
-        # Each step is bounded; the cursors walk the pending list, the queue
+        # Each step is bounded; the cursors walk the leased tickets, the queue
         # and the resources once, so the loop ends even while the pool is busy.
         for _ in range(100_000):
-            call = Call("gc", self.keys, (pel, queue, res, GC_COUNT), parse)
-            counts, pel, queue, res, more, absent = yield from self._single(call)
+            call = Call("gc", self.keys, (leased, queue, res, GC_COUNT), parse)
+            counts, leased, queue, res, more, absent = yield from self._single(call)
             totals = [a + b for a, b in zip(totals, counts, strict=True)]
             absent_ms = max(absent_ms, absent)
-            if pel == "0-0" and queue == "" and res == "" and not more:
+            if leased == "0-0" and queue == "" and res == "" and not more:
                 if not absent_ms or waited:
                     break
                 # Waiters of clients found absent, whose graces run: wait
@@ -527,7 +527,7 @@ class Admin(PoolBase):
                 # so that one call leaves no dead waiter behind.
                 waited = absent_ms / 1000 + GC_GRACE_SLACK
                 yield Sleep(waited)
-                pel, queue, res = "0-0", "", ""
+                leased, queue, res = "0-0", "", ""
         reclaimed, dropped, expired, unparked, orphans, repaired = totals
         return GCReport(
             reclaimed=reclaimed,
