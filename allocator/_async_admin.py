@@ -57,9 +57,15 @@ class AsyncAdmin:
         wait in the pool its presence is set up, and the flow made again
         with the id that goes with it."""
         started = time.monotonic()
-        flow = make(reader.known_cid(self._pool), started)
+        cid = reader.known_cid(self._pool)
+        flow = make(cid, started)
         if not reader.joined(self._pool):
             await reader.join(self._pool, presence_budget(timeout))
+        # The id as decided now: by this join, or by another waiter's that
+        # ended after the first look (a waiter of the plain id would then
+        # wait where the reader no longer reads nor keeps it alive, and its
+        # grant be taken back).
+        if reader.known_cid(self._pool) != cid:
             flow = make(reader.known_cid(self._pool), started)
         return flow
 

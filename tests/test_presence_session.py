@@ -331,3 +331,38 @@ def test_an_asyncio_client_gets_its_presence_after_a_first_subscription_timed_ou
     finally:
         loop.run(aclient.aclose())
         loop.close()
+
+
+def test_a_waiter_queues_under_the_id_decided_while_it_looked(
+    client: Any, pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another waiter's join may decide the client's presence in a pool
+    between this waiter's first look at its id and its check of the
+    decision: it queues under the id decided (`p.`), not the plain one,
+    which the reader then neither reads nor keeps alive (its grant was
+    taken back after the pick-up window, a stall of several seconds when
+    50 threads of a fresh client made their first acquire at once)."""
+    from allocator._sync_reader import Reader
+
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["r"])
+    reader = pool._reader()
+    looked = Reader.known_cid
+    raced: list[str] = []
+
+    def racing(self: Reader, p: Any) -> str:
+        cid = looked(self, p)
+        if not raced:
+            raced.append(cid)
+            self.join(p, 5.0)  # another waiter's join ends just now
+        return cid
+
+    monkeypatch.setattr(Reader, "known_cid", racing)
+    flow = pool._waiting(
+        reader,
+        lambda cid, t0: pool._pool.acquire(5, None, None, True, cid=cid, started=t0),
+        5,
+    )
+    assert raced and not raced[0].startswith("p.")  # undecided at the first look
+    step = flow.steps.send(None)
+    assert step.args[1].startswith("p.") and step.args[1] == reader.known_cid(pool._pool)
