@@ -65,8 +65,9 @@ class AsyncAdmin:
         # ended after the first look (a waiter of the plain id would then
         # wait where the reader no longer reads nor keeps it alive, and its
         # grant be taken back).
-        if reader.known_cid(self._pool) != cid:
-            flow = make(reader.known_cid(self._pool), started)
+        decided = reader.known_cid(self._pool)
+        if decided != cid:
+            flow = make(decided, started)
         return flow
 
     async def _drive_waiting(self, reader: Reader, lid: str, steps: Flow[T]) -> T:

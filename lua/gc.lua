@@ -75,16 +75,20 @@ local m = redis.call('HMGET', P.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hint
 -- no longer the last granted in queue order: `oo`, the last ticket then);
 -- a damaged build cursor restarts the build.)
 local ordered = m[12]
-local state, rest = string.match(m[12] or '', '^([tbf]?)(.*)$')
-if m[12] and not ((rest == '' and state ~= '') or
-    (string.sub(rest, 1, 1) == '|' and P.is_id(string.sub(rest, 2)))) then
-  -- (fifo, P:peek stepping over the leased tickets up to the last one now.)
+-- The queue read from its start, as fifo: P:peek steps over the leased
+-- tickets up to the last ticket now (P:last_granted, `oo` in `ord`).
+local function from_start()
   P:last_granted()
   if P.oo then
     redis.call('HSET', P.META, 'ord', '|' .. P.oo)
   else
     redis.call('HDEL', P.META, 'ord')
   end
+end
+local state, rest = string.match(m[12] or '', '^([tbf]?)(.*)$')
+if m[12] and not ((rest == '' and state ~= '') or
+    (string.sub(rest, 1, 1) == '|' and P.is_id(string.sub(rest, 2)))) then
+  from_start()
   redis.call('HDEL', P.META, 'oc')
   m[13] = false
   repaired = repaired + 1
@@ -99,10 +103,7 @@ if m[1] and not P.is_id(m[1]) then
   -- last ticket now (P:last_granted).
   redis.call('HSET', P.META, 'ld', '0-0')
   if not ordered then
-    P:last_granted()
-    if P.oo then
-      redis.call('HSET', P.META, 'ord', '|' .. P.oo)
-    end
+    from_start()
   end
   repaired = repaired + 1
 end

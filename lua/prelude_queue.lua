@@ -119,7 +119,7 @@ end
 -- known, so the queue is read from its start, P:peek stepping over the
 -- tickets that are leased (P:tenant_skip) up to the last ticket in the
 -- queue now (`oo`: none after it was granted). Reads only; the next grant
--- saves `ld` (P:deliver), and gc at once (with `oo`, P:tenant_save).
+-- saves `ld` (P:deliver), and gc at once (with `oo` in META `ord`).
 function P:last_granted()
   local e = redis.call('XREVRANGE', self.Q, '+', '-', 'COUNT', 1)[1]
   if e and (not self.oo or self.id_after(e[1], self.oo)) then

@@ -31,11 +31,8 @@ if order == 'fifo' then
   if P.ord == 't' then
     -- Grants left queue order: tickets granted after `ld` are leased, up to
     -- the last ticket now at most (none: the queue is empty), and P:peek
-    -- steps over them until a grant passes it.
-    local e = redis.call('XREVRANGE', P.Q, '+', '-', 'COUNT', 1)[1]
-    if e then
-      P.oo = e[1]
-    end
+    -- steps over them until a grant passes it (P:last_granted sets `oo`).
+    P:last_granted()
   end
   if P.ord == 't' or P.ord == 'b' then
     P.ord = 'f'
