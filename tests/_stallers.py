@@ -67,21 +67,20 @@ def loop_waiter(url: str, name: str, stall: float, inbox: Any, outbox: Any) -> N
     asyncio.run(main())
 
 
-def churner(
-    url: str, name: str, ledger: str, rounds: int, seed: int, inbox: Any, outbox: Any
-) -> None:
-    """Lease and release ``rounds`` times; every lease goes into an fsync'ed
-    ledger of this worker's own with its ticket, grant time, and the server
-    time just before its release."""
+def churner(url: str, name: str, ledger: str, seed: int, inbox: Any, outbox: Any) -> None:
+    """Lease and release until told to stop; every lease goes into an
+    fsync'ed ledger of this worker's own with its ticket, grant time, and the
+    server time just before its release. Reports ``("done", rounds)``."""
     import json
     import random
 
     client = redis.Redis.from_url(url)
     pool = FairAllocator(client, name, lease_ttl=60)
     rng = random.Random(seed)
+    rounds = 0
     outbox.put(("ready", os.getpid()))
     with open(ledger, "a", encoding="utf-8") as out:
-        for _ in range(rounds):
+        while inbox.empty():
             lease = pool.acquire(timeout=120)
             time.sleep(rng.uniform(0, 0.02))
             seconds, micros = client.time()
@@ -93,4 +92,5 @@ def churner(
             out.write(json.dumps(record) + "\n")
             out.flush()
             os.fsync(out.fileno())
-    outbox.put(("done", None))
+            rounds += 1
+    outbox.put(("done", rounds))
