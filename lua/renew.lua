@@ -17,8 +17,9 @@ if not (lid and ticket and ttl and lid ~= '' and ticket ~= '' and #lid <= 128 an
   end
 end
 
--- Of META, only `nd` and `nh`: while nobody waits, a renew needs no more.
-P:maintain(nil, true)
+-- Of META, only `nd` and `nh`: while nothing comes due, a renew needs no
+-- more.
+local reclaimed, unparked = P:maintain(nil, true)
 local L, _, damaged = P:lease_load(lid)
 if damaged then
   return P:corrupt_lease(lid)
@@ -43,5 +44,10 @@ if L.pickup == '1' then
 end
 P:lease_save(lid, L, dl)
 P:schedule(P.EXP, L.deadline, lid, dl)
-P:dispatch(nil)
+-- A renew frees nothing: the queue is served only if maintenance did
+-- (else whoever waits was told when to look again by the run that left
+-- it waiting).
+if reclaimed + unparked > 0 then
+  P:dispatch(nil)
+end
 return {'renewed', L.deadline}

@@ -179,6 +179,31 @@ def test_dead_holder_with_nobody_waiting_is_reclaimed_by_gc(
     assert pool.release(again) is True
 
 
+def test_a_renew_that_ends_an_expired_lease_serves_the_queue(pool_name: str, client: Any) -> None:
+    """Another holder's renew that finds a lease past its deadline ends it
+    and hands its resource to the queue head at once (pushed to its client);
+    a renew that finds nothing due touches nobody's grant."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["a", "b"])
+    held = pool.acquire(timeout=5)
+    late = pool.acquire(timeout=5)
+    cid = "renew-test-client"
+    flow = pool._pool.acquire(None, None, None, True, cid=cid)
+    step = flow.steps.send(None)  # the acquire: nothing is free, it queues
+    flow.steps.send(pool._step(step))  # now it would wait for its grant
+    signal = pool._pool.signal_key(cid)
+    pool.renew(held)
+    assert client.llen(signal) == 0
+    # The other lease runs out only now, with the waiter in line.
+    late = pool.renew(late, ttl=0.05)
+    wait_until(lambda: server_now(client) > late.expires_at + 0.005, what="the lease's deadline")
+    pool.renew(held)
+    pushed = [m.decode() if isinstance(m, bytes) else m for m in client.lrange(signal, 0, -1)]
+    assert [m.split("|")[:2] for m in pushed] == [["g", flow.lid]]
+    assert pushed[0].endswith(f"|{late.resource}")
+    flow.steps.close()
+
+
 def test_several_holders_dying_in_a_row(
     redis_url: str,
     pool_name: str,
