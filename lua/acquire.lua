@@ -130,7 +130,11 @@ if not ticket then
   local best = redis.call('ZRANGE', P.FREE, '0', '0')[1]
   if not ahead and best then
     -- Nobody waits: the caller is the head. The uncontended case ends here.
-    local t = {id = ticket, l = lid, c = cid, t = ttl, o = owner, B = bind_ttl, e = reclaim and '1'}
+    -- (`fresh`: queued in this run, so its wait is none: P:count_wait.)
+    local t = {
+      id = ticket, l = lid, c = cid, t = ttl, o = owner, B = bind_ttl, e = reclaim and '1',
+      fresh = true,
+    }
     if bind ~= '' then
       t.b = bind
     end

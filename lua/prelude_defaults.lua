@@ -57,6 +57,12 @@ P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, false, 0, false, false
 P.NO_HINT, P.hint_tag = {false, false, false}, false
 -- Resource record text -> its `rv` (P:counts); [1]: how many it holds.
 P.RV_OF = {0}
+-- Lease record text -> the lease it holds (P:lease_load, P:lease_save),
+-- resource record text -> the record (P:res_load, P:res_save); [1]: how
+-- many each holds. A table only in the Functions library, which keeps it
+-- across calls (allocator/_scripts.py, library_text); false as a script,
+-- where nothing outlives a call.
+P.LEASE_OF, P.RES_OF = false, false
 -- The length of the pool's event log (META `ev`), false while it is off.
 P.ev = false
 -- The pool's order (META `ord`, prelude_tenants.lua): false for `fifo`, 't'
@@ -65,8 +71,11 @@ P.ev = false
 -- ticket that may have been granted out of queue order (META `oo`, set when
 -- the order went back to fifo), false if none.
 P.ord, P.oo = false, false
--- A released resource kept aside for the queue head (P:settle).
-P.spare = false
+-- A released resource kept aside for the queue head (P:settle); whether
+-- FREE was found empty in this run and nothing entered it since (P:serve,
+-- P:place): a grant of the resource kept aside adds nothing to FREE, so
+-- the dispatch that made it need not look at FREE again.
+P.spare, P.none_free = false, false
 -- Set by a reader's heartbeat: dispatch looks at the head even when
 -- nothing is free, so that a dead head's grace starts at once.
 P.look = false

@@ -79,7 +79,7 @@ function P:grant(t, best, self_lid)
     cid = t.c, pickup = '0', res = name,
   }
   redis.call('ZADD', self.HELD, '0', name .. '\0' .. t.l)
-  self:count_wait(t.id)
+  self:count_wait(t.id, t.fresh)
   if t.l ~= self_lid then
     L.pickup = '1'
     redis.call('RPUSH', self.SIG .. t.c, self.grant_msg(t.l, L))
@@ -143,7 +143,11 @@ function P:serve(self_lid, waits)
   -- asking again for each (a client has many waiters, one after another).
   local dead = {}
   while true do
-    local best = redis.call('ZRANGE', self.FREE, '0', '0')[1]
+    local best = false
+    if not self.none_free then
+      best = redis.call('ZRANGE', self.FREE, '0', '0')[1] or false
+      self.none_free = not best
+    end
     if self.spare then
       if best then
         self:unspare()

@@ -17,6 +17,14 @@ function P:lease_load(lid)
   if not raw then
     return nil, nil
   end
+  -- Written by an earlier call of this library: that call's lease, handed
+  -- over (the caller may change it), so never handed out twice.
+  local kept = self.LEASE_OF
+  local L = kept and kept[raw]
+  if L then
+    kept[raw], kept[1] = nil, kept[1] - 1
+    return L, raw
+  end
   if string.byte(raw, 1) ~= 76 then -- 'L'
     if string.byte(raw, 1) == 87 and self.is_id(string.sub(raw, 3)) then -- 'W'
       return nil, raw
@@ -41,9 +49,30 @@ function P:corrupt_lease(lid)
 end
 
 -- `dl`: the deadline as P.istr writes it (nil: `..` converts it).
+-- In the Functions library the record's text is kept with a copy of the
+-- lease, so that the next call to load it (its release, its next renew)
+-- need not parse it: about 14,000 instructions for a load, 4,000 for the
+-- copy. A text names its lease exactly (its ticket is its own), so a kept
+-- lease can be out of date only in memory: a text the pool no longer holds
+-- is never read again. At 1,000 texts (leases never loaded again: their
+-- pool deleted, say) all are forgotten.
 function P:lease_save(lid, L, dl)
-  redis.call('HSET', self.RECS, lid, 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted ..
-    '|' .. (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res)
+  local text = 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted .. '|' ..
+    (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res
+  redis.call('HSET', self.RECS, lid, text)
+  local kept = self.LEASE_OF
+  if kept then
+    if kept[1] >= 1000 then
+      for old in pairs(kept) do
+        kept[old] = nil
+      end
+      kept[1] = 0
+    end
+    kept[text], kept[1] = {
+      ticket = L.ticket, token = L.token, granted = L.granted, deadline = L.deadline,
+      ttl = L.ttl, cid = L.cid, pickup = L.pickup, res = L.res,
+    }, kept[1] + 1
+  end
 end
 
 function P.lease_reply(L)

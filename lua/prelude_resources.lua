@@ -15,15 +15,19 @@ end
 
 -- An integer (a count, a time in ms) as the decimal text that `..` and
 -- redis.call would write, for less: they turn a number into text with a
--- printf of %.14g or %.17g (~5-7k instructions); a digit costs a
--- string.char, any other integer a printf of %d (~3k). nil for a number
+-- printf of %.14g or %.17g (~5-7k instructions); 0 and 1 (the counts of
+-- most resources) cost a comparison, another digit a string.char (~1,500),
+-- any other integer a printf of %d (~3k). nil for a number
 -- that is no integer below 1e14 in size (only damage makes one): the
 -- caller lets Lua or Redis convert it, as before.
 function P.istr(n)
-  if n % 1 ~= 0 or n <= -1e14 or n >= 1e14 then
+  if n == 0 then
+    return '0'
+  elseif n == 1 then
+    return '1'
+  elseif n % 1 ~= 0 or n <= -1e14 or n >= 1e14 then
     return nil
-  end
-  if n >= 0 and n <= 9 then
+  elseif n >= 0 and n <= 9 then
     return string.char(48 + n)
   end
   return string.format('%d', n)
@@ -52,6 +56,14 @@ function P:res_load(name, raw)
   if not raw then
     self.records[name] = false
     return nil
+  end
+  -- Written by an earlier call of this library: as P:lease_load.
+  local kept = self.RES_OF
+  r = kept and kept[raw]
+  if r then
+    kept[raw], kept[1] = nil, kept[1] - 1
+    self.records[name] = r
+    return r
   end
   local cap, score, used, fence, state, untl, stamp, rc, rw, rv = raw:match(
     '^(%d+)|([^|]+)|(%d+)|(%d+)|([aqtd])|(%d+)|(%x*)|(%d+)|(%d+)|(%d+)$')
@@ -139,11 +151,29 @@ end
 -- loaded: whoever changes `cap` clears it); `used` goes through P.istr;
 -- numbers set by other paths go through Lua's conversion, which is exact
 -- for their sizes (< 14 digits).
+-- In the Functions library the text is kept with a copy of the record, as
+-- P:lease_save keeps a lease's (RES_OF), unless the record was mended: a
+-- mended one is read again as it reads.
 function P:res_save(name, r)
   self.records[name] = r
-  redis.call('HSET', self.RES, name, (r.cs or r.cap) .. '|' .. r.score .. '|' ..
-    (self.istr(r.used) or r.used) .. '|' .. r.fence .. '|' .. r.state .. '|' .. r.untl .. '|' ..
-    r.stamp .. '|' .. r.rc .. '|' .. r.rw .. '|' .. r.rv)
+  local text = (r.cs or r.cap) .. '|' .. r.score .. '|' .. (self.istr(r.used) or r.used) .. '|' ..
+    r.fence .. '|' .. r.state .. '|' .. r.untl .. '|' .. r.stamp .. '|' .. r.rc .. '|' .. r.rw ..
+    '|' .. r.rv
+  redis.call('HSET', self.RES, name, text)
+  local kept = self.RES_OF
+  if kept and not r.bad then
+    if kept[1] >= 1000 then
+      for old in pairs(kept) do
+        kept[old] = nil
+      end
+      kept[1] = 0
+    end
+    kept[text], kept[1] = {
+      cap = r.cap, score = r.score, used = r.used, fence = r.fence, state = r.state,
+      untl = r.untl, stamp = r.stamp, rc = r.rc, rw = r.rw, rv = r.rv, cs = r.cs,
+      stuck = r.stuck,
+    }, kept[1] + 1
+  end
 end
 
 -- The invariant of FREE: a resource is in it iff it is active, has a free
@@ -162,6 +192,9 @@ function P:place(name, r, restamp)
     r.stamp = ''
   end
   if want and r.stamp == '' then
+    if self.none_free then
+      self.none_free = false
+    end
     r.stamp = self:now_stamp()
     local done = redis.pcall('ZADD', self.FREE, r.score, r.stamp .. name)
     if done ~= 1 and done ~= 0 then -- (an error: a table, not the count)
@@ -289,9 +322,10 @@ end
 -- (the grants are the sum of the buckets). Kept in step with WAIT_BOUNDS in
 -- allocator/_core/replies.py. The bounds are literals in a comparison chain, not a
 -- table: a table would be built on every run of every script. A wait of 0
--- ms (the uncontended grant) adds nothing to the sum: one HINCRBY.
-function P:count_wait(ticket)
-  local w = self.now - string.match(ticket, '^(%d+)')
+-- ms adds nothing to the sum: one HINCRBY. `fresh`: the ticket was queued
+-- in this run (the uncontended grant), so its wait is 0 without reading it.
+function P:count_wait(ticket, fresh)
+  local w = fresh and 0 or self.now - string.match(ticket, '^(%d+)')
   local f = 'w0'
   if w <= 5 then f = 'w1'
   elseif w <= 10 then f = 'w2'

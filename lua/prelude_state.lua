@@ -46,11 +46,11 @@ end
 -- `now_s` is the time in us as an exact string (Lua's own conversion keeps
 -- only 14 digits), made without a string.format: every number formatted
 -- costs a printf (~2-5k instructions), and most runs need none (see
--- P:now_stamp). Only what every call needs is made here: each field of this
--- table costs ~500 instructions per call (callgrind). What a run sets later
--- (META by P:meta, P:hint, P:now_stamp, the counters) starts from its
--- default below, among the helpers, and at most 32 fields in all keep the
--- table from growing mid-run (a rehash, ~10k instructions).
+-- P:now_stamp). Only what most calls need is made here: each field of this
+-- table costs ~500 instructions per call (callgrind), and each time it
+-- grows (past 8 fields, then 16) a rehash costs ~3-5k. What a run sets
+-- later (META by P:meta, P:hint, the counters) starts from its default
+-- below, among the helpers.
 local P
 do
   local t = redis.call('TIME')
@@ -63,5 +63,9 @@ do
     OWN = KEYS[2],
     records = {},
     now_us = us, now = (us - us % 1000) / 1000, now_s = t[1] .. string.sub('00000' .. t[2], -6),
+    -- Set by most runs (P:times, P:meta, P:now_stamp), as their defaults
+    -- are (prelude_defaults.lua): named here, they make the table 16
+    -- fields large from the start, so that it does not grow mid-run.
+    nd = false, nh = 0, ld = false, stamp = false,
   }, N)
 end

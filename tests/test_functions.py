@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from allocator import FairAllocator
+from allocator._core.keys import KEY_SUFFIXES
 from allocator._scripts import (
     FUNCTIONS,
     OPERATIONS,
@@ -147,3 +148,29 @@ def test_a_call_declares_meta_and_its_own_list_and_a_cluster_client_every_key(
     ]
     assert replies[0][2:] == replies[1][2:] and b"w1" in replies[0]  # [1]: the clock
     alloc.release(held)
+
+
+def test_records_changed_by_others_are_read_as_changed(client: Any, pool_name: str) -> None:
+    """The library keeps the lease and resource records it writes, by their
+    text, so that the next call reads them without parsing them again
+    (lua/README.md, "Costs"): a record that anyone else changed is read as
+    the pool now holds it."""
+    pool = FairAllocator(client, pool_name)
+    pool.extend(["a"])
+    lease = pool.acquire(timeout=5)
+    assert scripts().mode(client) == FUNCTIONS
+    keys = dict(zip(KEY_SUFFIXES, pool._pool.keys, strict=False))
+    # The lease's deadline (its fifth field), moved into the past by hand:
+    # its release finds it over.
+    fields = client.hget(keys["recs"], lease.id).decode().split("|")
+    fields[4] = "1"
+    client.hset(keys["recs"], lease.id, "|".join(fields))
+    assert pool.release(lease) is False
+    # The resource's capacity (its first field), raised by hand: it is
+    # granted twice at once.
+    fields = client.hget(keys["res"], "a").decode().split("|")
+    fields[0] = "2"
+    client.hset(keys["res"], "a", "|".join(fields))
+    first, second = pool.acquire(blocking=False), pool.acquire(blocking=False)
+    assert first is not None and second is not None
+    assert pool.release(first) and pool.release(second)

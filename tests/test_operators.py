@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+from _workers import server_now
 from helpers import Background, wait_until
 
 from allocator import (
@@ -67,7 +68,7 @@ def test_bad_owner_is_refused_before_any_io(pool: Any, raw: Any, owner: str) -> 
     assert keys_of(raw, pool) == []
 
 
-def test_stats_count_grants_timeouts_revocations_and_waits(pool: Any) -> None:
+def test_stats_count_grants_timeouts_revocations_and_waits(pool: Any, raw: Any) -> None:
     first = pool.stats()
     assert first == PoolStats(
         name=pool.name,
@@ -80,6 +81,9 @@ def test_stats_count_grants_timeouts_revocations_and_waits(pool: Any) -> None:
         pool.acquire(timeout=0.05)
     waiter = Background(lambda: pool.acquire(timeout=10))
     wait_until(lambda: pool.status().waiting == 1, what="a waiter")
+    # It waits 30 ms at least, on the server's clock: beyond the third bucket.
+    queued = server_now(raw)
+    wait_until(lambda: server_now(raw) > queued + 0.03, what="30 ms of waiting")
     assert pool.release(held)
     second = waiter.join()
     assert pool.remove(["r"], force=True) == 1
@@ -91,8 +95,8 @@ def test_stats_count_grants_timeouts_revocations_and_waits(pool: Any) -> None:
     counts = [count for _, count in stats.wait_seconds]
     assert counts == sorted(counts)  # cumulative
     # The first grant waited for nothing; the second for the waiter's wait.
-    assert stats.wait_seconds[0][1] >= 1
-    assert 0 <= stats.wait_seconds_sum < 60
+    assert stats.wait_seconds[0][1] == 1 and stats.wait_seconds[2] == (WAIT_BOUNDS[2], 1)
+    assert 0.03 <= stats.wait_seconds_sum < 60
 
 
 def test_reclaimed_counts_an_expired_lease(pool: Any) -> None:
