@@ -115,13 +115,16 @@ class Presence:
         False (said in the log) if this client cannot keep a presence there
         (an ACL without the channel), None if the server could not be
         reached in time (the caller waits without a presence this time and
-        tries again at its next wait)."""
+        tries again at its next wait). A refusal leaves the connection as it
+        was, subscribed to the client's other channels: its presence in the
+        other pools goes on."""
         with self._lock:
             try:
                 with no_client_retries():
                     self._subscribe([channel], budget)
             except Exception as exc:
-                self._close()
+                if not isinstance(exc, ResponseError):
+                    self._close()  # in an unknown state: what was sent, what came
                 return _failed(channel, exc)
             return True
 
@@ -282,7 +285,8 @@ class AsyncPresence:
                     async with asyncio.timeout(budget):
                         await self._subscribe([channel], budget)
             except Exception as exc:
-                await self._close()
+                if not isinstance(exc, ResponseError):
+                    await self._close()  # as the sync shell's join
                 return _failed(channel, exc)
             return True
 

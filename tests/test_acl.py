@@ -248,3 +248,55 @@ def test_a_user_without_the_channel_keeps_no_presence_and_says_so(
     warnings = [r for r in caplog.records if "no presence" in r.getMessage()]
     assert len(warnings) == 1
     user.close()
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_refused_channel_leaves_the_presence_in_other_pools(
+    server: RedisServer, shell: str
+) -> None:
+    """A client present in one pool and refused the presence channel of
+    another (an ACL that names only the first) keeps its presence in the
+    first: the refusal leaves the connection, and its subscriptions, as
+    they were; another channel is joined on it after."""
+    import asyncio
+
+    import redis.asyncio
+
+    from allocator._presence import AsyncPresence, Presence
+
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command(
+        "ACL", "SETUSER", "onechannel", "on", ">pw", "+@all", "~*", "resetchannels",
+        "&alloc:{ours}:*",
+    )  # fmt: skip
+    ours, theirs, more = "alloc:{ours}:p:c1", "alloc:{theirs}:p:c1", "alloc:{ours}:p:c2"
+
+    def counted() -> int:
+        try:
+            reply = admin.execute_command("PUBSUB", "SHARDNUMSUB", ours)
+        except redis.ResponseError:  # Redis 6.2: plain channels
+            reply = admin.execute_command("PUBSUB", "NUMSUB", ours)
+        return int(reply[1])
+
+    async def run_async() -> list[Any]:
+        user = redis.asyncio.Redis.from_url(server.url, username="onechannel", password="pw")
+        presence = AsyncPresence(user, "alloc:{ours}:meta")
+        seen = [await presence.join(ours, 10), await presence.join(theirs, 10), counted()]
+        seen += [await presence.listen(0), await presence.join(more, 10)]
+        await presence.close()
+        await user.aclose()
+        return seen
+
+    if shell == "async":
+        seen = asyncio.run(run_async())
+    else:
+        user = redis.Redis.from_url(server.url, username="onechannel", password="pw")
+        presence = Presence(user, "alloc:{ours}:meta")
+        seen = [presence.join(ours, 10), presence.join(theirs, 10), counted()]
+        seen += [presence.listen(0), presence.join(more, 10)]
+        presence.close()
+        user.close()
+    # Joined; refused; still counted there, on the same open connection; joined.
+    assert seen == [True, False, 1, [], True]
+    admin.execute_command("ACL", "DELUSER", "onechannel")
+    admin.close()
