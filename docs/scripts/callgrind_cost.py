@@ -9,7 +9,8 @@ Columns: a PING; the floor (below); an uncontended ``acquire`` +
 driven step by step in this thread (the waiter's ``acquire`` that queues,
 the holder's ``release`` that grants and pushes, the waiter's pop of its
 grant and its acknowledgement), so that no reader thread and no heartbeat
-adds to it.
+adds to it; and the same handoff between clients that keep a presence, as
+clients do by default (the scripts check that the waiter is present).
 
 The floor is what a queued, fenced, leased grant costs at the least: two
 ``FCALL`` of a bare Functions library (:data:`FLOOR`, loaded on the same
@@ -53,6 +54,7 @@ import redis
 from allocator import FairAllocator, Lease
 from allocator._core.checks import default_owner
 from allocator._core.keys import KEY_SUFFIXES
+from allocator._core.presence import presence_channel
 from allocator._scripts import scripts
 
 #: The floor: a bare Functions library doing only what a queued, fenced,
@@ -115,7 +117,10 @@ def free_port() -> int:
 class Handoff:
     """Two clients hand one resource back and forth, one grant per call of
     :meth:`once`, each waiter driven through its acquire flow by hand; in
-    the order ``order``, each client's requests for its tenant (None: none)."""
+    the order ``order``, each client's requests for its tenant (None: none).
+    ``presence``: the clients keep a presence, as a client does by default
+    (ids ``p.``, each subscribed to its channel in the pool, so that the
+    scripts count it present), rather than plain ids."""
 
     def __init__(
         self,
@@ -123,12 +128,21 @@ class Handoff:
         name: str,
         order: str = "fifo",
         tenants: tuple[str | None, ...] = (None, None),
+        presence: bool = False,
     ) -> None:
         self.sides = []
+        self.channels = []
         for i, tenant in enumerate(tenants):
             client = redis.Redis(port=port)
             named: dict[str, Any] = {} if tenant is None else {"tenant": tenant}
-            self.sides.append((FairAllocator(client, name, **named), client, f"cg-client-{i}"))
+            pool = FairAllocator(client, name, **named)
+            cid = f"p.cg-client-{i}" if presence else f"cg-client-{i}"
+            if presence:
+                channel = redis.Redis(port=port).pubsub()
+                channel.ssubscribe(presence_channel(pool._pool, cid))
+                channel.get_message(timeout=10)  # the confirmation
+                self.channels.append(channel)
+            self.sides.append((pool, client, cid))
         first = self.sides[0][0]
         first.extend(["only"])
         if order != "fifo":
@@ -217,7 +231,7 @@ def main() -> None:
         floor = measure(Floor(client).once)
         print(
             f"{'path':<10} {'PING':>8} {'floor':>8} {'acquire+release':>16} {'with the log':>13} "
-            f"{'renew':>8} {'handoff':>8}"
+            f"{'renew':>8} {'handoff':>8} {'with presence':>14}"
             "   (instructions)"
         )
         for path in paths:
@@ -243,9 +257,10 @@ def main() -> None:
             renew = measure(renew_once)
             pool.release(held)
             handoff = measure(Handoff(port, f"cg-{path}-handoff").once)
+            present = measure(Handoff(port, f"cg-{path}-present", presence=True).once)
             print(
                 f"{path:<10} {ping:>8,.0f} {floor:>8,.0f} {cycle:>16,.0f} {logged:>13,.0f} "
-                f"{renew:>8,.0f} {handoff:>8,.0f}"
+                f"{renew:>8,.0f} {handoff:>8,.0f} {present:>14,.0f}"
             )
             own.close()
 
