@@ -2,6 +2,20 @@
 -- Leases
 ---------------------------------------------------------------------------
 
+-- What the Functions library keeps across calls by a record's text
+-- (RV_OF, LEASE_OF, RES_OF: prelude_defaults.lua), [1] counting the texts:
+-- at 1,000 all are forgotten first (texts never read again: a deleted
+-- pool's, say).
+function P.keep(kept, text, value)
+  if kept[1] >= 1000 then
+    for old in pairs(kept) do
+      kept[old] = nil
+    end
+    kept[1] = 0
+  end
+  kept[text], kept[1] = value, kept[1] + 1
+end
+
 -- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pushed|resource
 -- `pushed` is 1 if the grant went to the waiter's signal list (0: handed
 -- over in a script reply); such a grant is *unclaimed* while its lease id is
@@ -17,8 +31,8 @@ function P:lease_load(lid)
   if not raw then
     return nil, nil
   end
-  -- Written by an earlier call of this library: that call's lease, handed
-  -- over (the caller may change it), so never handed out twice.
+  -- Written by an earlier call of this library (P:lease_save): handed
+  -- over, taken out, since its taker may change it.
   local kept = self.LEASE_OF
   local L = kept and kept[raw]
   if L then
@@ -54,24 +68,16 @@ end
 -- need not parse it: about 14,000 instructions for a load, 4,000 for the
 -- copy. A text names its lease exactly (its ticket is its own), so a kept
 -- lease can be out of date only in memory: a text the pool no longer holds
--- is never read again. At 1,000 texts (leases never loaded again: their
--- pool deleted, say) all are forgotten.
+-- is never read again (P.keep).
 function P:lease_save(lid, L, dl)
   local text = 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted .. '|' ..
     (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res
   redis.call('HSET', self.RECS, lid, text)
-  local kept = self.LEASE_OF
-  if kept then
-    if kept[1] >= 1000 then
-      for old in pairs(kept) do
-        kept[old] = nil
-      end
-      kept[1] = 0
-    end
-    kept[text], kept[1] = {
+  if self.LEASE_OF then
+    self.keep(self.LEASE_OF, text, {
       ticket = L.ticket, token = L.token, granted = L.granted, deadline = L.deadline,
       ttl = L.ttl, cid = L.cid, pickup = L.pickup, res = L.res,
-    }, kept[1] + 1
+    })
   end
 end
 
@@ -133,17 +139,10 @@ function P:counts(L)
     self.records[L.res] = false
     return false
   end
-  local memo = self.RV_OF
-  local rv = memo[raw]
+  local rv = self.RV_OF[raw]
   if not rv then
     rv = self:res_load(L.res, raw).rv
-    if memo[1] >= 1000 then
-      for text in pairs(memo) do
-        memo[text] = nil
-      end
-      memo[1] = 0
-    end
-    memo[raw], memo[1] = rv, memo[1] + 1
+    self.keep(self.RV_OF, raw, rv)
   end
   return rv == '0' or tonumber(L.token) > tonumber(rv)
 end

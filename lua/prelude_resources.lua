@@ -57,7 +57,8 @@ function P:res_load(name, raw)
     self.records[name] = false
     return nil
   end
-  -- Written by an earlier call of this library: as P:lease_load.
+  -- Written by an earlier call of this library (P:res_save): taken out,
+  -- as P:lease_load takes a lease.
   local kept = self.RES_OF
   r = kept and kept[raw]
   if r then
@@ -160,19 +161,12 @@ function P:res_save(name, r)
     r.fence .. '|' .. r.state .. '|' .. r.untl .. '|' .. r.stamp .. '|' .. r.rc .. '|' .. r.rw ..
     '|' .. r.rv
   redis.call('HSET', self.RES, name, text)
-  local kept = self.RES_OF
-  if kept and not r.bad then
-    if kept[1] >= 1000 then
-      for old in pairs(kept) do
-        kept[old] = nil
-      end
-      kept[1] = 0
-    end
-    kept[text], kept[1] = {
+  if self.RES_OF and not r.bad then
+    self.keep(self.RES_OF, text, {
       cap = r.cap, score = r.score, used = r.used, fence = r.fence, state = r.state,
       untl = r.untl, stamp = r.stamp, rc = r.rc, rw = r.rw, rv = r.rv, cs = r.cs,
       stuck = r.stuck,
-    }, kept[1] + 1
+    })
   end
 end
 
