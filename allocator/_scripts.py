@@ -44,7 +44,7 @@ from typing import Any
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from ._core.keys import KEY_SUFFIXES
-from ._transport import client_kind
+from ._transport import client_kind, is_cluster
 
 __all__ = [
     "OPERATIONS",
@@ -279,7 +279,7 @@ class Scripts:
     def mode(self, client: Any) -> str | None:
         """How ``client`` runs the scripts: FUNCTIONS, SCRIPTS, or None (not
         known yet: its first call tries the library)."""
-        if not self.enabled or hasattr(client, "nodes_manager"):
+        if not self.enabled or is_cluster(client):
             # A cluster client would ask a node for FCALL's keys on every
             # call (COMMAND GETKEYS); it routes EVALSHA by itself.
             return SCRIPTS
@@ -293,7 +293,7 @@ class Scripts:
         mode = self.mode(client)
         if mode is None:
             return None
-        keys = declared(keys, hasattr(client, "nodes_manager"))
+        keys = declared(keys, is_cluster(client))
         if mode == FUNCTIONS:
             verb = "FCALL_RO" if op in READ_ONLY else "FCALL"
             return (verb, self.function[op], len(keys), *keys, *args)
@@ -303,8 +303,7 @@ class Scripts:
         """How ``client`` runs ``op`` as a script: by SHA, by text."""
         # A cluster client routes EVALSHA by its keys itself, but would ask
         # a node for the keys of EVALSHA_RO on every call.
-        cluster = hasattr(client, "nodes_manager")
-        if op in READ_ONLY and not cluster and client not in self._plain_reads:
+        if op in READ_ONLY and not is_cluster(client) and client not in self._plain_reads:
             return ("EVALSHA_RO", "EVAL_RO")
         return ("EVALSHA", "EVAL")
 
@@ -322,7 +321,7 @@ class Scripts:
         shells carry the commands out. ``sent``: a command of :meth:`known`
         that the shell sent already, and the error it met; the flow goes on
         from there instead of sending it again."""
-        keys = declared(keys, hasattr(client, "nodes_manager"))
+        keys = declared(keys, is_cluster(client))
         n = len(keys)
         read = op in READ_ONLY
         if self.mode(client) != SCRIPTS:
