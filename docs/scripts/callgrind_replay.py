@@ -10,7 +10,8 @@ server's timer left out):
 
 The difference is what the pool's Lua costs around its commands. The
 replay mirrors the commands of the scripts as of 2026-11-26 (lua/README.md,
-"Against a floor"): a change of what a grant sends needs a change here.
+"Records kept by their text"): a change of what a grant sends needs a
+change here.
 Needs valgrind (callgrind_control) and redis-server on PATH.
 """
 
@@ -23,15 +24,16 @@ from callgrind_cost import Callgrind
 
 from allocator import FairAllocator
 from allocator._core.checks import default_owner
+from allocator._core.keys import KEY_SUFFIXES
 from allocator._scripts import declared, scripts
 
 #: The commands of an uncontended acquire (it grants), a release (nobody
 #: waits) and a renew, as the pool's scripts send them.
+#: (``@SUFFIXES@``: the pool's key suffixes, KEY_SUFFIXES, put in at load.)
 REPLAY = r"""#!lua name=callgrind_replay
 -- The keys named from KEYS[1], kept per pool across calls, as the pool's
 -- library names them.
-local SUFFIXES = {'meta', 'res', 'gone', 'free', 'park', 'q', 'recs', 'exp', 'bind', 'bexp',
-  'alive', 'rlog', 'pick', 'held', 'stats', 'events', 'tw', 'tq', 'tenants'}
+local SUFFIXES = {@SUFFIXES@}
 local NAMES = {}
 local function names(KEYS)
   local k = NAMES[KEYS[1]]
@@ -52,7 +54,7 @@ redis.register_function('replay_acquire', function(KEYS, ARGV)
   local now = (us - us % 1000) / 1000
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
   redis.call('HGET', K[7], ARGV[1])
-  redis.call('HMGET', K[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  redis.call('HMGET', K[1], 'ld', 'ev', 'hint', 'ord', 'nd', 'nh')
   redis.call('XLEN', K[6])
   redis.call('ZCARD', K[8])
   local id = redis.call('XADD', K[6], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
@@ -76,7 +78,7 @@ redis.register_function('replay_release', function(KEYS, ARGV)
   local t = redis.call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
-  redis.call('HMGET', K[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  redis.call('HMGET', K[1], 'ld', 'ev', 'hint', 'ord', 'nd', 'nh')
   local name = string.match(redis.call('HGET', K[7], ARGV[1]), '|([^|]*)$')
   redis.call('HDEL', K[7], ARGV[1])
   redis.call('ZREM', K[8], ARGV[1])
@@ -95,14 +97,12 @@ redis.register_function('replay_renew', function(KEYS, ARGV)
   local t = redis.call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now = (us - us % 1000) / 1000
-  redis.call('HMGET', K[1], 'ld', 'nd', 'nh', 'ev', 'hint')
+  redis.call('HMGET', K[1], 'nd', 'nh')
   local rec = redis.call('HGET', K[7], ARGV[1])
   redis.call('HGET', K[2], string.match(rec, '|([^|]*)$'))
   local dl = string.format('%d', now + ARGV[3])
   redis.call('HSET', K[7], ARGV[1], rec)
   redis.call('ZADD', K[8], dl, ARGV[1])
-  redis.call('XLEN', K[6])
-  redis.call('ZCARD', K[8])
   return {'renewed', now + ARGV[3]}
 end)
 """
@@ -113,7 +113,9 @@ def main() -> None:
     scripts().enabled = True
     with Callgrind(n) as cg:
         client, measure = cg.client, cg.measure
-        client.execute_command("FUNCTION", "LOAD", "REPLACE", REPLAY)
+        suffixes = ", ".join(f"'{suffix}'" for suffix in KEY_SUFFIXES)
+        library = REPLAY.replace("@SUFFIXES@", suffixes)
+        client.execute_command("FUNCTION", "LOAD", "REPLACE", library)
 
         # One pool for both: the replay works on the pool's own keys, so
         # that each command meets the same data as the pool's calls.
