@@ -67,6 +67,7 @@ from ._transport import (
     in_process,
     is_cluster,
     keeps_presence,
+    no_client_retries,
     reader_heartbeat,
 )
 from ._values import Lease
@@ -392,7 +393,13 @@ class Reader:
         self, acks: list[tuple[str, list[str]]], keys: list[str], block: float, wait: float
     ) -> list[tuple[Any, Any]]:
         """Same as the sync reader's round: one round trip (on a cluster, to
-        the master of the reader's slot)."""
+        the master of the reader's slot), one try."""
+        with no_client_retries():
+            return await self._round(acks, keys, block, wait)
+
+    async def _round(
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float, wait: float
+    ) -> list[tuple[Any, Any]]:
         conn = self._conn
         if conn is None:
             # Connected (anew after a drop) within the round's own time.
@@ -423,7 +430,7 @@ class Reader:
             await self._relearn_slots()
         if self._multipop and multipop_refused(commands, replies):
             self._multipop = False  # Redis 6.2: BLPOP rounds from now on
-            return await self._exchange(acks, keys, block, wait)
+            return await self._round(acks, keys, block, wait)
         return round_replies(commands, replies)
 
     async def _connect(self, keys: list[str]) -> Any:

@@ -59,6 +59,7 @@ from ._transport import (
     in_process,
     is_cluster,
     keeps_presence,
+    no_client_retries,
     reader_heartbeat,
 )
 from ._values import Lease
@@ -505,7 +506,15 @@ class Reader:
         """One round trip: acknowledgements, a blocking pop on ``keys``, then
         what else is on them. Returns the popped ``(key, message)`` pairs.
         On a cluster, the same pipeline goes to the master of the reader's
-        slot (all its keys share that slot)."""
+        slot (all its keys share that slot). One try, as the library's
+        calls make (allocator/_transport.py): the client's own retries would
+        sleep past the round's bound, and the rounds' pauses decide."""
+        with no_client_retries():
+            return self._round(acks, keys, block, wait)
+
+    def _round(
+        self, acks: list[tuple[str, list[str]]], keys: list[str], block: float, wait: float
+    ) -> list[tuple[Any, Any]]:
         conn = self._conn
         if conn is None:
             self._conn_pool = self._round_pool(keys or [pick for pick, _ in acks])
@@ -526,7 +535,7 @@ class Reader:
             self._client.nodes_manager.initialize()  # learn the new owner of the slot
         if self._multipop and multipop_refused(commands, replies):
             self._multipop = False  # Redis 6.2: BLPOP rounds from now on
-            return self._exchange(acks, keys, block, wait)
+            return self._round(acks, keys, block, wait)
         return round_replies(commands, replies)
 
     def _round_pool(self, keys: list[str]) -> Any:

@@ -395,6 +395,55 @@ def test_backoff_is_full_jitter_and_capped() -> None:
     assert Retrier("x").next_delay(AuthenticationError("no")) is None
 
 
+class _Counted(AbstractBackoff):
+    """A backoff that counts, on its class (redis-py copies a client's
+    ``Retry`` into each connection), how often it is asked, and waits no
+    time."""
+
+    asked = 0
+
+    def reset(self) -> None:
+        pass
+
+    def compute(self, failures: int) -> float:
+        type(self).asked += 1
+        return 0.0
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_reader_round_connects_with_one_try(shell: str) -> None:
+    """The reader's round connects as the library's calls do, with the
+    client's own retries switched off: one try, the rounds' own pauses
+    deciding when to try again. redis-py's retries would sleep past the
+    round's bound, and draw their jitter from the program's global
+    `random`."""
+    _Counted.asked = 0
+
+    def unreachable_round(pool: Any, reader: Any) -> Any:
+        return reader._exchange([], [pool._pool.signal_key(reader.cid)], 0.1, 0.5)
+
+    if shell == "sync":
+        client = redis.Redis(port=1, socket_connect_timeout=0.5, retry=Retry(_Counted(), 5))
+        pool = FairAllocator(client, "unreachable")
+        with pytest.raises(RedisConnectionError):
+            unreachable_round(pool, pool._reader())
+    else:
+
+        async def scenario() -> None:
+            from redis.asyncio.retry import Retry as AsyncRetry
+
+            client = redis.asyncio.Redis(
+                port=1, socket_connect_timeout=0.5, retry=AsyncRetry(_Counted(), 5)
+            )
+            pool = AsyncFairAllocator(client, "unreachable")
+            with pytest.raises(RedisConnectionError):
+                await unreachable_round(pool, pool._reader())
+            await client.aclose()
+
+        asyncio.run(scenario())
+    assert _Counted.asked == 0
+
+
 # -- 10. huge numbers and the timeout bound ------------------------------------------
 
 
