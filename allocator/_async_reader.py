@@ -32,6 +32,7 @@ from ._async_io import (
     sender_for,
     within,
 )
+from ._core import presence as watching
 from ._core import reader as core
 from ._core.lead import (
     LEAD,
@@ -43,7 +44,7 @@ from ._core.lead import (
 )
 from ._core.pending import Reclaimable
 from ._core.pool import Pool
-from ._core.presence import PROBE_WAIT, Holds
+from ._core.presence import PROBE_WAIT, Holds, WatchStep, watch
 from ._core.reader import (
     ACK_DELAY,
     READ_SLACK,
@@ -168,50 +169,55 @@ class Reader:
         self.holds.drop(lease.id, self.loop.time())
         self.reclaimable.drop(lease.id)
 
-    def _release_given_up(self) -> None:
-        """Same as the sync reader's."""
-        now = self.loop.time()
-        for step in self.reclaimable.given_up(lambda lid: self.holds.lost(lid, now), now):
-            sender_for(self._client).take(step)
-
     def lost(self, lease: Lease) -> bool:
         return self.holds.lost(lease.id, self.loop.time())
 
     async def _watch(self) -> None:
-        """Same as the sync reader's, as a task."""
+        """The presence watch (:func:`allocator._core.presence.watch`), as a
+        task."""
         presence = self.presence
         assert presence is not None
-        while (period := self.holds.period(self.loop.time(), self.core.waiting)) is not None:
-            self._release_given_up()
-            if self.holds.fresh:  # the last confirmation of the return failed
-                await self._confirm_return()
-            heard = await presence.listen(period)
-            connected = heard is not None
-            if heard:  # the ends of leases the server told (Holds.heard)
-                self.holds.heard(heard)
+        flow = watch(
+            self.holds,
+            self.core.presences,
+            self.reclaimable,
+            lambda: self.core.waiting,
+            self.loop.time,
+            lambda: False,  # finish() cancels the task
+        )
+        reply: Any = None
+        while True:
+            try:
+                step = flow.send(reply)
+            except StopIteration:
+                return
+            reply = await self._watch_step(presence, step)
+
+    async def _watch_step(self, presence: AsyncPresence, step: WatchStep) -> Any:
+        """Carry out one step of the presence watch."""
+        if isinstance(step, watching.Listen):
+            heard = await presence.listen(step.period)
             if _cancelling(asyncio.current_task()):
                 # (redis-py's timed read can take a cancellation for its
                 # own timeout and return: the watch ends all the same.)
                 raise asyncio.CancelledError
-            if connected and self.holds.probing:
-                sent = self.loop.time()
-                answer = await presence.probe(PROBE_WAIT)
-                if not self.holds.probed(answer, sent, self.loop.time()):
-                    continue
-            elif connected:
-                continue
-            channels = self.core.presences.channels()
-            if not channels:
-                await asyncio.sleep(period)
-                continue
-            tried = self.loop.time()
+            return heard
+        if isinstance(step, watching.Probe):
+            return await presence.probe(PROBE_WAIT)
+        if isinstance(step, watching.Pause):
+            await asyncio.sleep(step.seconds)
+        elif isinstance(step, watching.Confirm):
+            await self._confirm_return()
+        elif isinstance(step, watching.GiveUp):
+            for release in step.releases:
+                sender_for(self._client).take(release)
+        else:
             try:
-                await self._subscribe_again(channels)
-            except Exception as exc:  # tried again after a short pause
+                await self._subscribe_again(step.channels)
+            except Exception as exc:  # the watch tries again
                 _log.debug("allocator: presence not subscribed again yet: %r", exc)
-                if refused(self._client, exc):
-                    self.holds.refused(tried)
-                await asyncio.sleep(self.holds.retry_in())
+                return refused(self._client, exc)
+        return None
 
     async def _subscribe_again(self, channels: list[str], generation: int | None = None) -> None:
         """Same as the sync reader's."""

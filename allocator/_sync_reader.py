@@ -22,6 +22,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._core import presence as watching
 from ._core import reader as core
 from ._core.lead import (
     LEAD,
@@ -34,7 +35,7 @@ from ._core.lead import (
 )
 from ._core.pending import Reclaimable
 from ._core.pool import Pool
-from ._core.presence import PROBE_WAIT, Holds
+from ._core.presence import PROBE_WAIT, Holds, WatchStep, watch
 from ._core.reader import (
     ACK_DELAY,
     READ_SLACK,
@@ -191,15 +192,6 @@ class Reader:
             self.holds.drop(lease.id, time.monotonic())
             self.reclaimable.drop(lease.id)
 
-    def _release_given_up(self) -> None:
-        """Hand the release of each lease the watch gave up to the client's
-        sender: the server may still hold it (allocator/_core/pending.py)."""
-        with self._lock:
-            now = time.monotonic()
-            handed = self.reclaimable.given_up(lambda lid: self.holds.lost(lid, now), now)
-        for step in handed:
-            sender_for(self._client).take(step)
-
     def lost(self, lease: Lease) -> bool:
         """Whether this process must give ``lease`` up: its presence went
         unconfirmed for longer than the grace while it was held."""
@@ -207,53 +199,50 @@ class Reader:
             return self.holds.lost(lease.id, time.monotonic())
 
     def _watch(self) -> None:
-        """The presence watch (:mod:`allocator._core.presence`): listens on
-        the presence connection while the client waits or holds, so that a
-        drop is met at once and the client subscribes again and confirms
-        its return well within the grace; PINGs it while a reclaimable
-        lease is held."""
+        """The presence watch (:func:`allocator._core.presence.watch`), in
+        its own thread: each of its decisions under the lock, each of its
+        steps outside it."""
         presence = self.presence
         assert presence is not None
+        with self._lock:
+            flow = watch(
+                self.holds,
+                self.core.presences,
+                self.reclaimable,
+                lambda: self.core.waiting,
+                time.monotonic,
+                self._unwatch.is_set,  # finish(): idle
+            )
+        reply: Any = None
         while True:
-            self._release_given_up()
             with self._lock:
-                period = self.holds.period(time.monotonic(), self.core.waiting)
-                if period is None or self._unwatch.is_set():  # finish(): idle
+                try:
+                    step = flow.send(reply)
+                except StopIteration:
                     self._watcher = None
                     return
-                probing, fresh = self.holds.probing, self.holds.fresh
-            if fresh:  # the last confirmation of the return failed
-                self._confirm_return()
-            heard = presence.listen(period)
-            connected = heard is not None
-            if heard:  # the ends of leases the server told (Holds.heard)
-                with self._lock:
-                    self.holds.heard(heard)
-            if self._unwatch.is_set():
-                continue
-            if connected and probing:
-                sent = time.monotonic()
-                answer = presence.probe(PROBE_WAIT)
-                with self._lock:
-                    if not self.holds.probed(answer, sent, time.monotonic()):
-                        continue
-            elif connected:
-                continue
-            with self._lock:
-                channels = self.core.presences.channels()
-            if not channels:
-                self._unwatch.wait(period)
-                continue
-            tried = time.monotonic()
+            reply = self._watch_step(presence, step)
+
+    def _watch_step(self, presence: Presence, step: WatchStep) -> Any:
+        """Carry out one step of the presence watch."""
+        if isinstance(step, watching.Listen):
+            return presence.listen(step.period)
+        if isinstance(step, watching.Probe):
+            return presence.probe(PROBE_WAIT)
+        if isinstance(step, watching.Pause):
+            self._unwatch.wait(step.seconds)
+        elif isinstance(step, watching.Confirm):
+            self._confirm_return()
+        elif isinstance(step, watching.GiveUp):
+            for release in step.releases:
+                sender_for(self._client).take(release)
+        else:
             try:
-                self._subscribe_again(channels)
-            except Exception as exc:  # tried again after a short pause
+                self._subscribe_again(step.channels)
+            except Exception as exc:  # the watch tries again
                 _log.debug("allocator: presence not subscribed again yet: %r", exc)
-                with self._lock:
-                    if refused(self._client, exc):
-                        self.holds.refused(tried)
-                    pause = self.holds.retry_in()
-                self._unwatch.wait(pause)
+                return refused(self._client, exc)
+        return None
 
     def _subscribe_again(self, channels: list[str], generation: int | None = None) -> None:
         """Subscribe the presence again on a new connection (it broke, or

@@ -1,10 +1,33 @@
 """The holder's side of ``reclaim_on_disconnect`` (allocator/_core/presence.py):
 when a process gives up a lease because its presence went unconfirmed, and
-how often its watch looks. Pure: times are given."""
+how often its watch looks, and the watch's flow. Pure: times are given."""
 
 from __future__ import annotations
 
-from allocator._core.presence import GIVE_UP, GRACE, LINGER, LISTEN, PROBE, SAFE, Holds
+from typing import Any
+
+import pytest
+
+from allocator._core.pending import Reclaimable
+from allocator._core.pool import Pool
+from allocator._core.presence import (
+    GIVE_UP,
+    GRACE,
+    LINGER,
+    LISTEN,
+    PROBE,
+    RESUBSCRIBE_FIRST,
+    SAFE,
+    GiveUp,
+    Holds,
+    Listen,
+    Pause,
+    Presences,
+    Probe,
+    Resubscribe,
+    watch,
+)
+from allocator._values import Lease
 
 
 def test_the_safe_part_of_the_grace_leaves_room_before_the_server_may_end_a_lease() -> None:
@@ -177,3 +200,77 @@ def test_messages_are_read_in_every_form() -> None:
         assert _message(reply) == "e|x"
     for reply in ([b"pong", b"allocator-probe-1"], b"PONG", [b"ssubscribe", b"ch", 1], None):
         assert _message(reply) is None
+
+
+# -- the watch's flow (allocator/_core/presence.py, watch) -----------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watching(reclaim: bool = False) -> tuple[Any, Holds, Reclaimable, _Clock, list[bool]]:
+    """A watch over one lease held in a pool where the client keeps a
+    presence; the list: set its item to stop the watch."""
+    pool = Pool.create("p", lease_ttl=60, bind_ttl=3600, prefix="alloc")
+    presences = Presences("c1")
+    presences.decide(pool, True)
+    holds, reclaimable, clock, stop = Holds(), Reclaimable(), _Clock(), [False]
+    lease = Lease(resource="r", token=1, id="lid", ticket="1-1", expires_at=60.0, ttl=60.0,
+                  granted_at=0.0, pool="p")  # fmt: skip
+    holds.hold(lease.id, 0.0, lease.ttl, reclaim)
+    if reclaim:
+        reclaimable.hold(pool.name, pool.keys, lease, 0.0)
+    flow = watch(holds, presences, reclaimable, lambda: False, clock, lambda: stop[0])
+    return flow, holds, reclaimable, clock, stop
+
+
+def test_the_watch_subscribes_again_when_its_connection_drops_and_backs_off_on_failure() -> None:
+    flow, _, _, clock, stop = _watching()
+    assert next(flow) == Listen(LISTEN)
+    assert flow.send([]) == Listen(LISTEN)  # connected, nothing said: listen on
+    step = flow.send(None)  # the connection dropped
+    assert isinstance(step, Resubscribe) and len(step.channels) == 1
+    clock.now = 0.5
+    step = flow.send(False)  # failed: a short pause, then again
+    assert isinstance(step, Pause) and 0 < step.seconds <= RESUBSCRIBE_FIRST
+    assert flow.send(None) == Listen(LISTEN)
+    assert isinstance(flow.send(None), Resubscribe)
+    assert flow.send(None) == Listen(LISTEN)  # subscribed again
+    stop[0] = True
+    with pytest.raises(StopIteration):
+        flow.send([])
+
+
+def test_the_watch_probes_for_a_reclaimable_lease_and_gives_it_up_when_unconfirmed() -> None:
+    flow, holds, _, clock, _ = _watching(reclaim=True)
+    assert next(flow) == Listen(PROBE)
+    clock.now = 0.3
+    assert flow.send([]) == Probe()
+    assert flow.send(True) == Listen(PROBE)  # answered: confirmed, nothing else
+    clock.now = 0.6
+    assert flow.send([]) == Probe()
+    assert flow.send(False) == Listen(PROBE)  # not answered yet: no new connection
+    clock.now = 0.6 + SAFE + 0.1  # unconfirmed past the safe part of the grace
+    assert holds.lost("lid", clock.now)
+    assert flow.send([]) == Probe()
+    step = flow.send(False)  # handed over at the top of the next turn
+    assert isinstance(step, GiveUp)
+    assert [release.end.call.args[0] for release in step.releases] == ["lid"]
+    assert flow.send(None) == Listen(PROBE)
+
+
+def test_a_refused_subscription_moves_the_gap_on() -> None:
+    flow, holds, _, clock, _ = _watching(reclaim=True)
+    next(flow)
+    clock.now = 0.3
+    assert flow.send([]) == Probe()
+    holds.confirmed(0.3)
+    clock.now = 1.0
+    assert isinstance(flow.send(None), Resubscribe)  # the PING found it broken
+    assert isinstance(flow.send(True), Pause)  # refused: the server was down at 1.0
+    assert not holds.lost("lid", 0.3 + SAFE + 0.2)  # so the gap starts there

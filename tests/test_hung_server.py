@@ -46,9 +46,10 @@ from allocator._server import RedisServer
 pytestmark = [pytest.mark.real_redis]
 
 #: Above each call's deadline: the cancel of an acquire that gave up, or
-#: the eviction-policy check of an admin call (0.15 s each), a loaded
-#: machine.
-SLACK = 0.6
+#: the eviction-policy check of an admin call (0.15 s each), and a loaded
+#: machine (8 test processes on 2 cores once took 0.69 s). The failures
+#: these tests catch took 5 s or more (the client's socket timeout).
+SLACK = 2.0
 #: lua/prelude_defaults.lua PICKUP_MS: a grant nobody picked up is taken back after it.
 PICKUP = 2.0
 RESOURCES = ["a", "b", "c"]
@@ -224,7 +225,7 @@ def judge(calls: dict[str, Expect], got: dict[str, list[Outcome]]) -> list[str]:
                 continue
             if isinstance(result, AcquireTimeout):
                 # The true time: what the caller waited, the cancel included.
-                if not (deadline <= result.waited <= took and took - result.waited < 0.25):
+                if not (deadline <= result.waited <= took and took - result.waited < SLACK):
                     wrong.append(f"{what}: waited {result.waited:.3f}s")
                 if f"{result.waited:.3f}s" not in str(result):
                     wrong.append(f"{what}: the message does not say the time")

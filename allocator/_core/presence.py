@@ -51,6 +51,7 @@ nothing periodic: the connection's close is all the server needs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from typing import Any
 
 import attrs
@@ -58,9 +59,10 @@ import attrs
 from .base import PoolBase
 from .liveness import ALIVE, ALIVE_MS, HEARTBEAT
 from .messages import ended_lease
+from .pending import Reclaimable
 from .replies import _tagged, _unexpected
 from .retry import JITTER, RETRY_BUDGET
-from .steps import Call
+from .steps import Call, Defer
 
 _jitter = JITTER  # (a name of this module's own, which tests/harness.py fakes)
 
@@ -422,3 +424,109 @@ class Holds:
     @property
     def holding(self) -> bool:
         return bool(self._held)
+
+
+# -- the watch: what it does, decided here; its shells carry it out ----------
+
+
+@attrs.frozen
+class Listen:
+    """Listen on the presence connection for ``period`` seconds. The reply:
+    the messages heard (a list, maybe empty), or None if the connection is
+    down."""
+
+    period: float
+
+
+@attrs.frozen
+class Probe:
+    """PING the presence connection (at most :data:`PROBE_WAIT` seconds).
+    The reply: the presence's answer, for :meth:`Holds.probed`."""
+
+
+@attrs.frozen
+class Pause:
+    """Wait ``seconds`` (the sync shell ends the pause early when the watch
+    is asked to stop)."""
+
+    seconds: float
+
+
+@attrs.frozen
+class Confirm:
+    """Confirm the client's return in every pool where it keeps a presence
+    (the shell's ``_confirm_return``): whatever absence the scripts found
+    is over."""
+
+
+@attrs.frozen
+class Resubscribe:
+    """Subscribe the presence again on a new connection, then confirm the
+    return (the shell's ``_subscribe_again``). The reply: None if it was
+    done; else whether the server refused it (an ACL: :func:`allocator._presence.refused`)."""
+
+    channels: list[str]
+
+
+@attrs.frozen
+class GiveUp:
+    """Hand the releases of the reclaimable leases the watch gave up to the
+    client's sender: the server may still hold them (allocator/_core/pending.py)."""
+
+    releases: list[Defer]
+
+
+#: The steps of :func:`watch`.
+WatchStep = Listen | Probe | Pause | Confirm | Resubscribe | GiveUp
+
+
+def watch(
+    holds: Holds,
+    presences: Presences,
+    reclaimable: Reclaimable,
+    waiting: Callable[[], bool],
+    clock: Callable[[], float],
+    stopped: Callable[[], bool],
+) -> Generator[WatchStep, Any, None]:
+    """The presence watch: listens on the presence connection while the
+    client waits or holds, so that a drop is met at once and the client
+    subscribes again and confirms its return well within the grace; PINGs
+    it while a reclaimable lease is held. Ends once nothing has been held
+    for a while and nobody waits (:meth:`Holds.period`), or when
+    ``stopped()``. ``reclaimable``: the reader's reclaimable leases;
+    ``clock``: the shell's monotonic clock. A shell that shares ``holds`` between threads runs
+    each step of this generator (the code between two yields) under its
+    lock, and the steps themselves outside it."""
+    while True:
+        now = clock()
+        # (given_up calls it at once: `now` is this turn's.)
+        handed = reclaimable.given_up(lambda lid: holds.lost(lid, now), now)  # noqa: B023
+        if handed:
+            yield GiveUp(handed)
+        period = holds.period(clock(), waiting())
+        if period is None or stopped():
+            return
+        if holds.fresh:  # the last confirmation of the return failed
+            yield Confirm()
+        heard = yield Listen(period)
+        if heard:  # the ends of leases the server told (Holds.heard)
+            holds.heard(heard)
+        if stopped():
+            continue
+        if heard is not None:  # connected
+            if not holds.probing:
+                continue
+            sent = clock()
+            answer = yield Probe()
+            if not holds.probed(answer, sent, clock()):
+                continue
+        channels = presences.channels()
+        if not channels:
+            yield Pause(period)
+            continue
+        tried = clock()
+        refused = yield Resubscribe(channels)
+        if refused is not None:  # it failed: tried again after a short pause
+            if refused:
+                holds.refused(tried)
+            yield Pause(holds.retry_in())
