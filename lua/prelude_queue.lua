@@ -92,9 +92,9 @@ function P:event(kind, res, token, cid, owner)
     self:meta()
   end
   if self.ev then
-    -- Named from STATS (`<p>:stats`): a field of P for it would cost every
-    -- run of every script, the log being off or not.
-    local key = string.sub(self.STATS, 1, -6) .. 'events'
+    -- Named here (P:key): a field of P for it would cost every run of
+    -- every script, the log being off or not.
+    local key = self:key('events')
     if owner then
       redis.call('XADD', key, 'MAXLEN', '~', self.ev, '*', 'kind', kind,
         'resource', res, 'token', token, 'client', cid, 'owner', owner)
@@ -108,11 +108,17 @@ end
 -- The pool's keys, in the order of P.SUFFIXES, for the scripts that look
 -- at all of them (delete, gc, status).
 function P:pool_keys()
-  local b, keys = string.sub(self.META, 1, -5), {}
+  local keys = {}
   for i, suffix in ipairs(self.SUFFIXES) do
-    keys[i] = b .. suffix
+    keys[i] = self:key(suffix)
   end
   return keys
+end
+
+-- The pool's key of this suffix (P.SUFFIXES), for the keys that are not
+-- named for every call (prelude_state.lua): the event log, the tenant index.
+function P:key(suffix)
+  return string.sub(self.META, 1, -5) .. suffix
 end
 
 -- Where the queue's granted part ends, when `ld` cannot be read: not

@@ -32,7 +32,7 @@ do
     BEXP = b .. 'bexp', ALIVE = b .. 'alive', RLOG = b .. 'rlog', PICK = b .. 'pick',
     HELD = b .. 'held', STATS = b .. 'stats',
     -- (The event log `<p>:events` is named where it is written, P:event;
-    -- the tenant index, `<p>:tw`, `<p>:tq`, `<p>:tenants`, by P:tkey.)
+    -- the tenant index, `<p>:tw`, `<p>:tq`, `<p>:tenants`, by P:key.)
     -- The prefix of the clients' signal lists, `<p>:s:`.
     SIG = b .. 's:',
   }

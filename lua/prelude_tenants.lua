@@ -49,8 +49,7 @@
 --         grant counts too).
 -- T nil: read from the ticket itself (cancel).
 function P:tenant_line(op, T, id, mend)
-  local base = string.sub(self.STATS, 1, -6)
-  local tw, tq, ten = base .. 'tw', base .. 'tq', base .. 'tenants'
+  local tw, tq, ten = self:key('tw'), self:key('tq'), self:key('tenants')
   if op == 'grant' then
     if T ~= '' then
       self:add(ten, 'g|' .. T, '1')
@@ -181,8 +180,7 @@ end
 -- (at most DROP_LIMIT a run: then `more`). With nobody in TQ, the queue's
 -- head (P:peek): tickets the index lacks (damage) are not left behind.
 function P:tenant_next(after)
-  local base = string.sub(self.STATS, 1, -6)
-  local tw, tq = base .. 'tw', base .. 'tq'
+  local tw, tq = self:key('tw'), self:key('tq')
   for _ = 1, self.DROP_LIMIT do
     local m, id
     if after then

@@ -26,7 +26,7 @@ if bad then
 end
 
 P:maintain()
-local tw = string.sub(P.STATS, 1, -6) .. 'tw'
+local tw = P:key('tw')
 if order == 'fifo' then
   if P.ord == 't' then
     -- Grants left queue order: tickets granted after `ld` are leased, up to
@@ -39,7 +39,7 @@ if order == 'fifo' then
     -- An index with nobody in it goes at once (else with its last waiter,
     -- P:tenant_line).
     if redis.call('EXISTS', tw) == 0 then
-      redis.call('DEL', string.sub(P.STATS, 1, -6) .. 'tq')
+      redis.call('DEL', P:key('tq'))
       redis.call('HDEL', P.META, 'oc')
       P.ord = false
     end

@@ -18,7 +18,7 @@ if bad then
   return bad
 end
 
-local ten = string.sub(P.STATS, 1, -6) .. 'tenants'
+local ten = P:key('tenants')
 if n == 1 then
   redis.call('HDEL', ten, 'w|' .. tenant)
 else

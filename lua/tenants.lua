@@ -85,7 +85,7 @@ if cursor == '' or phase == 'q' then
   return out
 end
 
-local page = redis.call('HSCAN', string.sub(P.STATS, 1, -6) .. 'tenants', from, 'COUNT', n)
+local page = redis.call('HSCAN', P:key('tenants'), from, 'COUNT', n)
 local fields = page[2]
 for i = 1, #fields, 2 do
   local kind = string.sub(fields[i], 1, 2)
