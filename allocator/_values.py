@@ -278,8 +278,8 @@ class GCReport:
         dropped_waiters: Queue entries of waiters that were gone.
         expired_bindings: Soft bindings past their ttl.
         unparked: Quarantines and rate throttles that ended.
-        orphans: Granted queue entries with no lease behind them, cleaned
-            up.
+        orphans: Queue entries of leases (a granted ticket that an earlier
+            version kept in the queue), cleaned up.
         repaired: Resources whose lease count disagreed with their live
             leases, set right.
         waited: Seconds this call waited for the graces of absent waiters

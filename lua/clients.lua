@@ -1,9 +1,9 @@
 -- clients: one page of the client processes of the pool, read only (see
 -- status.lua): those with a liveness mark (they wait, or waited lately),
--- and those with a ticket in the queue, waiting or leased. The pages walk
--- ALIVE by rank, then the queue (the stream) by id, so that no run reads
--- every client of a large pool: the client calls again with the cursor it
--- was given until that is ''.
+-- those with a ticket in the queue, and those that hold a lease. The pages
+-- walk ALIVE by rank, then the queue (the stream) by id, then the lease
+-- index HELD by member, so that no run reads every client of a large pool:
+-- the client calls again with the cursor it was given until that is ''.
 --
 -- For each client the row carries its liveness mark (ALIVE's score: the
 -- time of its last heartbeat plus the mark's length, which the caller knows
@@ -12,7 +12,8 @@
 -- `<joined ms>|<pid>|<version>|<host>`).
 --
 -- ARGV: cursor ('' for the first page; then as given: `a<rank>` in ALIVE,
---       `q<stream id>` in the queue), count (entries per page)
+--       `q<stream id>` in the queue, `h<member>` in HELD, `h` at its
+--       start), count (entries per page)
 -- Reply: {'clients', now_us, next ('' : the last page), kind1, cid1, mark1,
 --         present1, info1, kind2, ...}
 --        kind: 'a' a liveness mark, 'w' a waiting request, 'l' a live
@@ -23,8 +24,8 @@ local cursor, count = ARGV[1], ARGV[2]
 local bad = P:arg('clients', 'count', count, 'int', 1, 10000)
 local phase, from = string.sub(cursor or '', 1, 1), string.sub(cursor or '', 2)
 if not bad and not (cursor == '' or (phase == 'a' and string.find(from, '^%d+$') and
-    #from < 16) or (phase == 'q' and P.is_id(from))) then
-  bad = P:bad_arg('clients', 'cursor', "must be '', a<rank> or q<stream id>", cursor)
+    #from < 16) or (phase == 'q' and P.is_id(from)) or phase == 'h') then
+  bad = P:bad_arg('clients', 'cursor', "must be '', a<rank>, q<stream id> or h<member>", cursor)
 end
 if bad then
   return bad
@@ -50,24 +51,29 @@ if cursor == '' or phase == 'a' then
   return out
 end
 
-local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
-for _, e in ipairs(entries) do
-  local t = P.ticket_of(e)
-  -- (A place-holder of a multi request has no record while it waits, and
-  -- is a lease's ticket once granted.)
-  if t.l and t.c then
-    local raw = redis.call('HGET', P.RECS, t.l)
-    if raw == 'W|' .. e[1] then
+if phase == 'q' then
+  local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
+  for _, e in ipairs(entries) do
+    local t = P.ticket_of(e)
+    -- (A place-holder of a multi request has no record of its own.)
+    if t.l and t.c and redis.call('HGET', P.RECS, t.l) == 'W|' .. e[1] then
       row('w', t.c)
-    elseif raw then
-      local L = P:lease_load(t.l)
-      if L and L.ticket == e[1] and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
-        row('l', t.c)
-      end
     end
   end
+  out[3] = #entries == n and 'q' .. entries[#entries][1] or 'h'
+  return out
 end
-if #entries == n then
-  out[3] = 'q' .. entries[#entries][1]
+
+local held = redis.call('ZRANGEBYLEX', P.HELD, from == '' and '-' or '(' .. from, '+', 'LIMIT', '0',
+  count)
+for _, member in ipairs(held) do
+  local at = string.find(member, '\0', 1, true)
+  local L = at and P:lease_load(string.sub(member, at + 1))
+  if L and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
+    row('l', L.cid)
+  end
+end
+if #held == n then
+  out[3] = 'h' .. held[#held]
 end
 return out

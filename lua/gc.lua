@@ -2,12 +2,13 @@
 -- the returned cursors until both are done and nothing is left due. Safe to
 -- run from any number of processes at once: every step is one atomic run.
 --
--- 1. leases past their deadline: those due in `exp`, and every leased ticket
---    of the queue, found page by page (a ticket stays in the stream as long
---    as its lease; each lease's own deadline on the server clock decides);
+-- 1. leases past their deadline: those due in `exp`, and every lease
+--    record, found page by page (HSCAN of `recs`; each lease's own deadline
+--    on the server clock decides, whatever `exp` says);
 -- 2. queue entries of waiters that are gone, page by page through the
---    waiting part of the queue (after `ld`: the cursor never goes back into
---    granted tickets, however far the queue moved between two steps);
+--    queue (it holds waiting requests only), and any entry that is no
+--    waiting request's (added by hand, or a lease's ticket that an earlier
+--    version kept in the stream);
 -- 3. bindings past their ttl; liveness marks that ran out, with the signal
 --    lists and the absence records of those clients;
 -- 4. repair: page by page through the resources, each record as the
@@ -19,14 +20,14 @@
 -- 5. then the queue is served.
 -- Before all that, each step checks that every key of the pool is of its
 -- type (else nothing can be repaired: ALLOCATOR-CORRUPT, nothing written)
--- and repairs damaged fields of META and STATS: `ld` (P:last_granted), a
--- hint without its list, figures that hold no integer (removed: they read
--- as 0). Every record, entry or field set right counts in `repaired`.
+-- and repairs damaged fields of META and STATS: the order, a hint without
+-- its list, figures that hold no integer (removed: they read as 0). Every
+-- record, entry or field set right counts in `repaired`.
 --
--- ARGV: lease_cursor ('0-0' to start), queue_cursor ('' to start),
+-- ARGV: lease_cursor ('0' to start), queue_cursor ('' to start),
 --       res_cursor ('0' to start, '' to skip), count (1 to 1000)
 -- Reply: {'gc', reclaimed, dropped_waiters, expired_bindings, unparked,
---         orphans, repaired, next_lease_cursor ('0-0': done),
+--         orphans, repaired, next_lease_cursor ('0': done),
 --         next_queue_cursor ('': done), next_res_cursor ('': done),
 --         more (1: something due was left for the next step),
 --         absent_ms (0, or how long until the last grace ends of the
@@ -37,8 +38,8 @@
 --         step's work, a resource of this page whose fence cannot grow
 --         (lua/README.md, "Tokens"): it stays out of rotation.
 local lease_cursor, q_cursor, res_cursor, count = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local bad = (not (lease_cursor and P.is_id(lease_cursor)) and
-    P:bad_arg('gc', 'lease_cursor', 'must be a stream id', lease_cursor)) or
+local bad = (not (lease_cursor and #lease_cursor < 20 and string.find(lease_cursor, '^%d+$')) and
+    P:bad_arg('gc', 'lease_cursor', 'must be a scan cursor', lease_cursor)) or
   (q_cursor ~= '' and not (q_cursor and P.is_id(q_cursor)) and
     P:bad_arg('gc', 'queue_cursor', "must be a stream id or ''", q_cursor)) or
   (res_cursor ~= '' and not (res_cursor and #res_cursor < 20 and
@@ -70,41 +71,27 @@ end
 -- Damaged fields of META and STATS.
 local m = redis.call('HMGET', P.META, 'ld', 'nd', 'nh', 'hint', 'hintkey', 'hintmsg', 'xw',
   'bhit', 'bmiss', 'wseq', 'epoch', 'ord', 'oc')
--- (The tenant order, prelude_tenants.lua: `ord` no script writes is fifo,
--- with P:peek stepping over every granted ticket (from `ld`, which is then
--- no longer the last granted in queue order: `oo`, the last ticket then);
--- a damaged build cursor restarts the build.)
-local ordered = m[12]
--- The queue read from its start, as fifo: P:peek steps over the leased
--- tickets up to the last ticket now (P:last_granted, `oo` in `ord`).
-local function from_start()
-  P:last_granted()
-  if P.oo then
-    redis.call('HSET', P.META, 'ord', '|' .. P.oo)
-  else
-    redis.call('HDEL', P.META, 'ord')
-  end
+-- Fields an earlier version kept, unused now: `ld` (its last ticket
+-- granted in queue order), and `|<ticket>` after the order.
+if m[1] then
+  redis.call('HDEL', P.META, 'ld')
 end
 local state, rest = string.match(m[12] or '', '^([tbf]?)(.*)$')
-if m[12] and not ((rest == '' and state ~= '') or
-    (string.sub(rest, 1, 1) == '|' and P.is_id(string.sub(rest, 2)))) then
-  from_start()
-  redis.call('HDEL', P.META, 'oc')
+if m[12] and rest ~= '' and string.sub(rest, 1, 1) == '|' and P.is_id(string.sub(rest, 2)) then
+  if state == '' then
+    redis.call('HDEL', P.META, 'ord')
+  else
+    redis.call('HSET', P.META, 'ord', state)
+  end
+elseif m[12] and not (rest == '' and state ~= '') then
+  -- (The tenant order, prelude_tenants.lua: an `ord` no script writes is
+  -- fifo; a damaged build cursor restarts the build.)
+  redis.call('HDEL', P.META, 'ord', 'oc')
   m[13] = false
   repaired = repaired + 1
 end
 if m[13] and not P.is_id(m[13]) then
   redis.call('HDEL', P.META, 'oc')
-  repaired = repaired + 1
-end
-if m[1] and not P.is_id(m[1]) then
-  -- The start of the queue, where P:peek steps over the granted tickets:
-  -- under the tenant order, or after it, as it does anyway; else up to the
-  -- last ticket now (P:last_granted).
-  redis.call('HSET', P.META, 'ld', '0-0')
-  if not ordered then
-    from_start()
-  end
   repaired = repaired + 1
 end
 for i = 2, 3 do
@@ -150,98 +137,74 @@ if reclaimed_now >= count or unparked >= count then
   more = 1
 end
 
--- 1. Every leased ticket, whatever EXP says about it: a page of the stream
--- (a ticket stays there as long as its lease), from the cursor on. A ticket
--- whose record is its lease: ended if past its deadline or void. One up to
--- `ld` (granted, in queue order) whose lease is gone, or whose record is
--- damaged: a leftover, deleted. The waiting ones are step 2's; a ticket
--- after `ld` without a record is left to it too (under the tenant order a
--- leased ticket may lie after `ld`, and is ended as leases are).
-local page = redis.call('XRANGE', P.Q, '(' .. lease_cursor, '+', 'COUNT', count)
-local next_lease = #page >= count and page[#page][1] or '0-0'
+-- 1. Every lease, whatever EXP says about it: a page of the records
+-- (HSCAN of RECS, from the cursor). A lease record: ended if past its
+-- deadline or void. A damaged one goes, with its deadline and pick-up
+-- check (its entry in the index of live leases goes with the repair of its
+-- resource, 4.). Waiting records, and the clients' marks (`p|`, `i|`),
+-- are not leases.
+local page = redis.call('HSCAN', P.RECS, lease_cursor, 'COUNT', count)
+local next_lease = page[1]
 local before = P.reclaimed
-for _, e in ipairs(page) do
-  local id, t = e[1], P.ticket_of(e)
-  local L, raw, damaged = nil, nil, nil
-  if t.l then
-    L, raw, damaged = P:lease_load(t.l)
-  end
-  if L and L.ticket == id then
-    if L.deadline <= P.now then
-      P:end_and_settle(t.l, L)
-      P:tell_end(t.l, L.cid)
-      P.reclaimed = P.reclaimed + 1
-    elseif not P.counted(L, P:res_load(L.res)) then
-      -- Void (its resource was removed with force, or removed and added
-      -- again): it was counted among the revoked then, and its holder
-      -- told; only its record is left, which its holder's renew or
-      -- release would have cleaned up.
-      P:end_and_settle(t.l, L)
-    end
-  elseif not P.id_after(id, P.ld) and not (raw and string.sub(raw, 3) == id) then
-    if damaged then
-      -- A damaged lease record: a lease that cannot be ended as leases
-      -- are. Record, deadline and pick-up check go with the ticket; its
-      -- entry in the index of live leases, with the repair of its
-      -- resource (4.).
-      redis.call('HDEL', P.RECS, t.l)
-      redis.call('ZREM', P.EXP, t.l)
-      redis.call('ZREM', P.PICK, t.l)
+local fields = page[2]
+for i = 1, #fields, 2 do
+  local lid, raw = fields[i], fields[i + 1]
+  if not string.find(lid, '|', 1, true) and string.byte(raw, 1) ~= 87 then -- 'W'
+    local L, _, damaged = P:lease_load(lid)
+    if L then
+      if L.deadline <= P.now then
+        P:end_and_settle(lid, L)
+        P:tell_end(lid, L.cid)
+        P.reclaimed = P.reclaimed + 1
+      elseif not P.counted(L, P:res_load(L.res)) then
+        -- Void (its resource was removed with force, or removed and added
+        -- again): it was counted among the revoked then, and its holder
+        -- told; only its record is left, which its holder's renew or
+        -- release would have cleaned up.
+        P:end_and_settle(lid, L)
+      end
+    elseif damaged then
+      redis.call('HDEL', P.RECS, lid)
+      redis.call('ZREM', P.EXP, lid)
+      redis.call('ZREM', P.PICK, lid)
       repaired = repaired + 1
     end
-    redis.call('XDEL', P.Q, id)
-    orphans = orphans + 1
   end
 end
 P:note('reclaimed', P.reclaimed - before)
 
 -- 2. Waiters that are gone, anywhere in the queue (dispatch drops them only
--- when they reach the head). Tickets up to `ld` are granted: the walk
--- starts after it, or after the cursor if that is further on; drop() itself
--- leaves any ticket that is not waiting alone.
+-- when they reach the head), and entries that are no waiting request's
+-- (P:drop: a lease's ticket an earlier version kept in the stream is an
+-- orphan).
 P:meta()
-local from = P.ld
-if q_cursor ~= '' and P.id_after(q_cursor, from) then
-  from = q_cursor
-end
+local from = q_cursor ~= '' and q_cursor or '0-0'
 local next_q = ''
 local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', count)
 -- A client found absent (its grace starts now, and those of the absent
 -- clients that P:sweep finds with it) is not gone yet: the reply says when
 -- the last of those graces ends.
 local absent_until = 0
--- (The tenant order, or after it: granted tickets lie after `ld`. From `ld`
--- on, up to the first waiting ticket, `ld` moves past them; and under it,
--- every waiting ticket is in the index: one that is not (damage) joins it.)
-local lead = from == P.ld and (P.ord == 't' or P.oo) and from
 for _, e in ipairs(entries) do
   local t = P.ticket_of(e)
+  local raw = t.l and redis.call('HGET', P.RECS, t.l)
+  local waits = raw == 'W|' .. e[1] or (t.x and not raw)
   local live, at = false, nil
-  if P.ticket_ok(t) then
+  if waits and P.ticket_ok(t) then
     live, at = P:alive(t.c)
   end
   if not live then
-    P:drop(t)
+    if P:drop(t, raw) then
+      orphans = orphans + 1
+    end
   elseif at and at > absent_until then
     absent_until = at
   end
-  if P.ord or lead then
-    local raw = t.l and redis.call('HGET', P.RECS, t.l)
-    if lead and (not live or (raw and string.sub(raw, 1, #e[1] + 3) == 'L|' .. e[1] .. '|')) then
-      lead = e[1]
-    elseif lead then
-      if lead ~= P.ld then
-        redis.call('HSET', P.META, 'ld', lead)
-      end
-      lead = false
-    end
-    if P.ord and live and raw == 'W|' .. e[1] then
-      P:tenant_line('join', t.T or '', e[1], true)
-    end
+  if P.ord and live and not t.x then
+    -- (Under the tenant order every waiting ticket is in the index: one
+    -- that is not, damage, joins it.)
+    P:tenant_line('join', t.T or '', e[1], true)
   end
-end
-if lead and lead ~= P.ld then
-  redis.call('HSET', P.META, 'ld', lead)
 end
 if #entries >= count then
   next_q = entries[#entries][1]

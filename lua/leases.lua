@@ -1,8 +1,8 @@
 -- leases: one page of the live leases of the pool, read only (see
 -- status.lua). A lease past its deadline, or void (its resource left or came
--- back since), is not live and is left out. The owner is the ticket's field
--- `o` (acquire.lua); the lease id, which gives power over the lease, is
--- never sent. The pages walk the lease index HELD (members
+-- back since), is not live and is left out. The owner and the tenant are
+-- the request's, kept in the lease's record (prelude_leases.lua); the lease
+-- id, which gives power over the lease, is never sent. The pages walk the lease index HELD (members
 -- `<resource>\0<lease id>`, all of score 0) in lexical order, so that no run
 -- reads every lease of a large pool: the client calls again from the member
 -- it was given until that is ''.
@@ -16,8 +16,8 @@
 --        channel has a subscriber), 0 if not (gone, or reconnecting), -1 if
 --        nobody can tell (a client without a presence, or a server or ACL
 --        that cannot count subscribers); client: the holder's client id
---        (clients.lua shows the client); tenant: the ticket's field `T`
---        ('' for none, prelude_tenants.lua)
+--        (clients.lua shows the client); tenant: the request's ('' for
+--        none, prelude_tenants.lua)
 -- Errors: ALLOCATOR-ARG (a bad count), ALLOCATOR-CORRUPT naming RECS, for a
 --         live lease's record that is damaged (gc removes it)
 local after, count = ARGV[1], ARGV[2]
@@ -40,16 +40,14 @@ for _, member in ipairs(held) do
     return P:corrupt_lease(lid)
   end
   if L and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
-    local e = redis.call('XRANGE', P.Q, L.ticket, L.ticket)[1]
-    local t = e and P.ticket_of(e) or {}
-    local owner, tenant = t.o or '', t.T or ''
+    local owner, tenant = L.o, L.T
     if not P.utf8(owner) then
       -- For people only, and not checked on the way in (acquire's hot
       -- path): shown as '?' rather than break the reply's decoding.
       owner = '?'
     end
     if not P.utf8(tenant) then
-      -- (Checked on the way in: only a ticket written by hand.)
+      -- (Checked on the way in: only a record written by hand.)
       tenant = '?'
     end
     out[#out + 1] = L.res

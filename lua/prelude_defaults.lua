@@ -49,11 +49,11 @@ P.SUFFIXES = {'meta', 'res', 'gone', 'free', 'park', 'q', 'recs', 'exp', 'bind',
 -- Counters of this run, reported by gc(); `more`: dispatch stopped at
 -- DROP_LIMIT with dead tickets left at the head.
 P.reclaimed, P.dropped, P.more = 0, 0, false
--- META, read by P:meta (`ld` false: not read yet); the hint last given
+-- META, read by P:meta (`got_meta` false: not yet); the hint last given
 -- ({tag, key, msg}; false: not read yet, P:hints; NO_HINT: none, never
 -- changed in place); the caller's own hint (P:hint); the time as hex
 -- (P:now_stamp).
-P.ld, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, false, 0, false, false, false
+P.got_meta, P.nd, P.nh, P.hinted, P.self_hint, P.stamp = false, false, 0, false, false, false
 P.NO_HINT, P.hint_tag = {false, false, false}, false
 -- Resource record text -> its `rv` (P:counts); [1]: how many it holds.
 P.RV_OF = {0}
@@ -67,10 +67,8 @@ P.LEASE_OF, P.RES_OF = false, false
 P.ev = false
 -- The pool's order (META `ord`, prelude_tenants.lua): false for `fifo`, 't'
 -- for `tenant`; 'b' while the tenant index is being built, 'f' back under
--- `fifo` until it empties (both served in queue order); `oo`: the last
--- ticket that may have been granted out of queue order (META `oo`, set when
--- the order went back to fifo), false if none.
-P.ord, P.oo = false, false
+-- `fifo` until it empties (both served in queue order).
+P.ord = false
 -- A released resource kept aside for the queue head (P:settle); whether
 -- FREE was found empty in this run and nothing entered it since (P:serve,
 -- P:place): a grant of the resource kept aside adds nothing to FREE, so

@@ -43,7 +43,7 @@ function P:grant(t, best, self_lid)
   if not name then
     return nil
   end
-  self:deliver(t.id)
+  self:deliver(t)
   if t.T or self.ord then
     -- (tenants) the grant counts for its tenant (prelude_tenants.lua).
     self:tenant_line('grant', t.T or '', t.id)
@@ -76,7 +76,7 @@ function P:grant(t, best, self_lid)
   local dl = self.istr(deadline)
   local L = {
     ticket = t.id, token = token, granted = self.now_s, deadline = deadline, ttl = t.t,
-    cid = t.c, pickup = '0', res = name,
+    cid = t.c, pickup = '0', res = name, T = t.T or '', o = t.o or '',
   }
   redis.call('ZADD', self.HELD, '0', name .. '\0' .. t.l)
   self:count_wait(t.id, t.fresh)
@@ -135,7 +135,7 @@ function P:serve(self_lid, waits)
   if not self_lid and not waits and self:waiting() <= 0 then
     return nil
   end
-  if not self.ld then
+  if not self.got_meta then
     self:meta()
   end
   local drops = 0
@@ -173,10 +173,21 @@ function P:serve(self_lid, waits)
     end
     -- The caller's own ticket was made of checked arguments; any other is
     -- checked before it is served (P.ticket_ok; one without a lease id is
-    -- nobody's).
-    local live, gone_at = true, nil
+    -- nobody's), and must be a waiting request's: its record is its
+    -- waiting record (a place-holder of a multi request has none). Any
+    -- other entry (a lease's ticket that an earlier version kept in the
+    -- stream, an entry added by hand) is dropped.
+    local live, gone_at, raw = true, nil, nil
     if t.l ~= self_lid or not self_lid then
       live = self.ticket_ok(t) and not dead[t.c]
+      if live then
+        raw = redis.call('HGET', self.RECS, t.l)
+        if t.x then
+          live = not raw
+        else
+          live = raw == 'W|' .. t.id
+        end
+      end
       if live then
         live, gone_at = self:alive(t.c)
         if not live then
@@ -189,17 +200,7 @@ function P:serve(self_lid, waits)
         self.more, self.self_hint = true, 0
         return nil
       end
-      if not self:drop(t) then
-        if self.ord == 't' then
-          -- (tenant order) a granted ticket left in the index: out of it.
-          self:tenant_line('leave', t.T or '', t.id)
-        else
-          -- A granted ticket after `ld` (`ld` was damaged, or set back by
-          -- hand): it was delivered, so the queue's head is after it.
-          self.ld = t.id
-          redis.call('HSET', self.META, 'ld', t.id)
-        end
-      end
+      self:drop(t, raw)
       drops = drops + 1
     elseif gone_at and not best then
       -- The head's client is absent, within its grace, and nothing is

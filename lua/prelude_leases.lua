@@ -16,10 +16,14 @@ function P.keep(kept, text, value)
   kept[text], kept[1] = value, kept[1] + 1
 end
 
--- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pushed|resource
+-- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pushed|resource\0tenant\0owner
 -- `pushed` is 1 if the grant went to the waiter's signal list (0: handed
 -- over in a script reply); such a grant is *unclaimed* while its lease id is
--- in PICK (see P:claim).
+-- in PICK (see P:claim). The tenant and the owner are the request's (for
+-- leases.lua and tenants.lua: the ticket left the queue at the grant); a
+-- resource name holds no NUL, a tenant neither, so the owner is the rest,
+-- whatever it holds. A record an earlier version wrote ends with the
+-- resource: its tenant and owner read as ''.
 -- Returns the lease (or nil) and the raw record of a waiting one (W|ticket).
 -- All fields stay strings but the deadline. A record that is neither, as
 -- the scripts write them, is damaged: nil, nil and the raw record. Those it
@@ -50,9 +54,19 @@ function P:lease_load(lid)
   if not ticket or (#ticket > 20 and not self.is_id(ticket)) or #token > 19 then
     return nil, nil, raw
   end
+  local T, o = '', ''
+  local at = string.find(res, '\0', 1, true)
+  if at then
+    local rest = string.sub(res, at + 1)
+    local to = string.find(rest, '\0', 1, true)
+    if at == 1 or not to then
+      return nil, nil, raw
+    end
+    res, T, o = string.sub(res, 1, at - 1), string.sub(rest, 1, to - 1), string.sub(rest, to + 1)
+  end
   return {
     ticket = ticket, token = token, granted = granted, deadline = deadline + 0,
-    ttl = ttl, cid = cid, pickup = pickup, res = res,
+    ttl = ttl, cid = cid, pickup = pickup, res = res, T = T, o = o,
   }, raw
 end
 
@@ -71,12 +85,13 @@ end
 -- is never read again (P.keep).
 function P:lease_save(lid, L, dl)
   local text = 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted .. '|' ..
-    (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res
+    (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res ..
+    '\0' .. L.T .. '\0' .. L.o
   redis.call('HSET', self.RECS, lid, text)
   if self.LEASE_OF then
     self.keep(self.LEASE_OF, text, {
       ticket = L.ticket, token = L.token, granted = L.granted, deadline = L.deadline,
-      ttl = L.ttl, cid = L.cid, pickup = L.pickup, res = L.res,
+      ttl = L.ttl, cid = L.cid, pickup = L.pickup, res = L.res, T = L.T, o = L.o,
     })
   end
 end
@@ -148,9 +163,8 @@ function P:counts(L)
 end
 
 -- End a lease record: release, expiry, revocation, take-back, or a cancel
--- that raced a grant. The ticket is deleted, so the stream only holds
--- waiting tickets and those of live leases; a grant message nobody took is taken off its list, so
--- no stray message is left. Returns the resource record with `used` lowered
+-- that raced a grant (its ticket left the queue at the grant). A grant
+-- message nobody took is taken off its list, so no stray message is left. Returns the resource record with `used` lowered
 -- (not yet saved, so the caller may park it first), or nil if the lease no
 -- longer counted.
 function P:end_lease(lid, L)
@@ -159,7 +173,6 @@ function P:end_lease(lid, L)
   if L.pickup == '1' then
     self:claim(lid, L, self.SIG .. L.cid)
   end
-  redis.call('XDEL', self.Q, L.ticket)
   redis.call('ZREM', self.HELD, L.res .. '\0' .. lid)
   local r = self:res_load(L.res)
   if self.counted(L, r) then

@@ -94,25 +94,24 @@ end
 -- A grant of acquire_many is taken back whole: every other lease of the
 -- same request that is still unacknowledged goes with it, in this run
 -- (the pick-up checks of its leases are due together, but a batch could
--- part them). They sit in consecutive stream entries (added in one run;
--- entries are only ever appended), whose lease ids are the request's id
--- or `<id>.<i>`: the walk goes both ways from the ticket while the
--- entries belong to the request. For a single lease it costs two reads.
+-- part them). Their lease ids are the request's id and `<id>.<i>` for i
+-- from 2 (P.many_id): the look goes through them in turn up to the first
+-- that is no lease of the same client (one it released already ends the
+-- look early; the others are taken back at their own checks). For a
+-- single lease it costs one read.
 function P:take_back(lid, L)
   local base = string.match(lid, '^[^.]*')
   self:take_one(lid, L)
-  for _, cmd in ipairs({{'XRANGE', '+'}, {'XREVRANGE', '-'}}) do
-    local from = L.ticket
-    while true do
-      local e = redis.call(cmd[1], self.Q, '(' .. from, cmd[2], 'COUNT', 1)[1]
-      local t = e and self.ticket_of(e)
-      if not t or not t.l or string.match(t.l, '^[^.]*') ~= base then
+  for i = 1, 1000 do
+    local id = self.many_id(base, i)
+    if id ~= lid then
+      local S = self:lease_load(id)
+      if S and S.cid == L.cid then
+        if self:unclaimed(id, S) then
+          self:take_one(id, S)
+        end
+      elseif i > 1 then
         break
-      end
-      from = e[1]
-      local S = self:lease_load(t.l)
-      if S and S.ticket == e[1] and self:unclaimed(t.l, S) then
-        self:take_one(t.l, S)
       end
     end
   end

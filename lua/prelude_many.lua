@@ -6,11 +6,10 @@
 -- (fields l, c, t and n) and right behind it n - 1 place-holder entries
 -- (fields l = `<lid>.<i>`, c, x = '1'), all added in one script run, so
 -- nobody is ever between them. At the grant, entry i becomes the ticket of
--- lease i, so that every lease keeps exactly one stream entry and
--- one EXP entry (`XLEN q - ZCARD exp` stays the count of waiting entries,
--- and release, renew, reclaim and gc treat each lease as any other). META
--- `xw` counts the place-holders still waiting, so that status() counts a
--- waiting multi request once.
+-- lease i and leaves the queue, as any ticket granted (so release, renew,
+-- reclaim and gc treat each lease as any other). META `xw` counts the
+-- place-holders still waiting, so that status() counts a waiting multi
+-- request once.
 function P:extras(d)
   self:add(self.META, 'xw', d)
 end

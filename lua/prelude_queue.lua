@@ -2,41 +2,39 @@
 -- The queue
 ---------------------------------------------------------------------------
 
--- The pool's bookkeeping in META, read once per run: the last ticket
--- delivered (granted) in queue order, the lower bounds `nd` and `nh` (see
--- P:schedule) and the length of the event log. A damaged field is read so
--- that nothing is lost: `nd` or `nh` that is no time as 0 (maintenance
--- runs, and writes them right); `ld` that is no stream id is met where it
--- is used (P:peek). Read once: a helper that needs META calls it only
--- while `ld` is false (a method call costs about 450 instructions, the
--- test about 130). Each field of an HMGET costs about 2,000 instructions
--- (its lookup in the hash, its place in the reply table): of the hint,
--- only its tag is read here, and its list and message where there is one
--- (P:hints); and where a run read `nd` and `nh` already (P:times), not
--- those.
+-- The pool's bookkeeping in META, read once per run: the length of the
+-- event log, the hint, the order, and the lower bounds `nd` and `nh` (see
+-- P:schedule). A damaged field is read so that nothing is lost: `nd` or
+-- `nh` that is no time as 0 (maintenance runs, and writes them right).
+-- Read once: a helper that needs META calls it only while `got_meta` is
+-- false (a method call costs about 450 instructions, the test about 130).
+-- Each field of an HMGET costs about 2,000 instructions (its lookup in the
+-- hash, its place in the reply table): of the hint, only its tag is read
+-- here, and its list and message where there is one (P:hints); and where a
+-- run read `nd` and `nh` already (P:times), not those.
 function P:meta()
-  if not self.ld then
+  if not self.got_meta then
     local m
     if self.nd then
-      m = redis.call('HMGET', self.META, 'ld', 'ev', 'hint', 'ord')
+      m = redis.call('HMGET', self.META, 'ev', 'hint', 'ord')
     else
-      m = redis.call('HMGET', self.META, 'ld', 'ev', 'hint', 'ord', 'nd', 'nh')
-      self:read_times(m[5], m[6])
+      m = redis.call('HMGET', self.META, 'ev', 'hint', 'ord', 'nd', 'nh')
+      self:read_times(m[4], m[5])
     end
-    self.ld = m[1] or '0-0'
-    if m[2] then
+    self.got_meta = true
+    if m[1] then
       -- (Set only when on: a field of P costs every run that sets it.)
-      self.ev = string.find(m[2], '^[1-9]%d?%d?%d?%d?%d?%d?%d?$') and m[2] or false
-    end
-    if m[4] then
-      -- (The tenant order, prelude_tenants.lua: `<t|b|f>` and `|<oo>`, one
-      -- field; set only where it is used. Anything else is fifo.)
-      local ord, oo = string.match(m[4], '^([tbf]?)|?(.*)$')
-      self.ord = ord and ord ~= '' and ord or false
-      self.oo = oo and oo ~= '' and self.is_id(oo) and oo or false
+      self.ev = string.find(m[1], '^[1-9]%d?%d?%d?%d?%d?%d?%d?$') and m[1] or false
     end
     if m[3] then
-      self.hint_tag = m[3]
+      -- (The tenant order, prelude_tenants.lua: `t`, `b` or `f`; set only
+      -- where it is used. Anything else is fifo; an earlier version's
+      -- `|<ticket>` after it is passed over.)
+      local ord = string.match(m[3], '^([tbf])')
+      self.ord = ord or false
+    end
+    if m[2] then
+      self.hint_tag = m[2]
     end
   end
 end
@@ -64,7 +62,7 @@ end
 function P:hints()
   local h = self.hinted
   if not h then
-    if not self.ld then
+    if not self.got_meta then
       self:meta()
     end
     h = self.NO_HINT
@@ -88,7 +86,7 @@ end
 -- the server time. Never the lease id: it gives power over the lease, and
 -- the log is read by whoever may read the pool. Off, it costs a test.
 function P:event(kind, res, token, cid, owner)
-  if not self.ld then
+  if not self.got_meta then
     self:meta()
   end
   if self.ev then
@@ -121,24 +119,11 @@ function P:key(suffix)
   return string.sub(self.META, 1, -5) .. suffix
 end
 
--- Where the queue's granted part ends, when `ld` cannot be read: not
--- known, so the queue is read from its start, P:peek stepping over the
--- tickets that are leased (P:tenant_skip) up to the last ticket in the
--- queue now (`oo`: none after it was granted). Reads only; the next grant
--- saves `ld` (P:deliver), and gc at once (with `oo` in META `ord`).
-function P:last_granted()
-  local e = redis.call('XREVRANGE', self.Q, '+', '-', 'COUNT', 1)[1]
-  if e and (not self.oo or self.id_after(e[1], self.oo)) then
-    self.oo = e[1]
-  end
-  return '0-0'
-end
-
--- Tickets waiting: every ticket in the stream is waiting or leased, and
--- every lease has one EXP entry. Derived, so it cannot drift; two O(1) reads
--- are cheaper than looking at the queue head.
+-- Entries waiting: the stream holds only the tickets of waiting requests
+-- (and the place-holders of waiting multi requests): a grant deletes its
+-- ticket (P:deliver). One O(1) read, cheaper than looking at the head.
 function P:waiting()
-  return redis.call('XLEN', self.Q) - redis.call('ZCARD', self.EXP)
+  return redis.call('XLEN', self.Q)
 end
 
 -- A stream entry as a table: id, and the fields l, c, t (and b, B).
@@ -151,46 +136,19 @@ function P.ticket_of(e)
   return t
 end
 
--- The queue head: the first ticket after the last one granted. An `ld`
--- that XRANGE refuses (damage) is read as P:last_granted has it. (pcall
--- costs what call does: the check is free while nothing is wrong.)
+-- The queue head: the first entry of the stream.
 function P:peek()
-  if not self.ld then
-    self:meta()
-  end
-  local e = redis.pcall('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
-  if e.err then
-    -- ('Invalid stream ID'; 'invalid start ID' for the greatest id.) Any
-    -- other error is raised as it came (see P.mend_figure).
-    if string.find(e.err, 'ID', 1, true) then
-      self.ld = self:last_granted()
-    end
-    e = redis.call('XRANGE', self.Q, '(' .. self.ld, '+', 'COUNT', 1)
-  end
-  e = e[1]
-  if e and (self.ord == 't' or self.oo) then
-    -- (tenant order) granted tickets lie after `ld`: stepped over.
-    e = self:tenant_skip(e)
-  end
+  local e = redis.call('XRANGE', self.Q, '-', '+', 'COUNT', 1)[1]
   return e and self.ticket_of(e)
 end
 
--- The ticket `id` was granted: in queue order, the queue head is now the
--- ticket after it (`ld`). The ticket stays in the stream as long as its
--- lease, which is how gc finds every lease (gc.lua, 1.).
-function P:deliver(id)
-  if self.ord == 't' then
-    -- (tenant order) grants leave queue order: `ld` stays where every
-    -- ticket before it is granted (prelude_tenants.lua).
-    return
-  end
-  self.ld = id
-  redis.call('HSET', self.META, 'ld', id)
-  if self.oo and not self.id_after(self.oo, id) then
-    -- (After the tenant order) past the last ticket it may have granted
-    -- out of queue order: P:peek need not step over any more.
-    self.oo = false
-    self:tenant_save()
+-- The ticket `t` was granted: it leaves the queue (the lease keeps its id),
+-- unless it never entered it (`t.trimmed`: acquire.lua, nobody waiting).
+-- So the stream holds waiting requests only, and a stream node empties,
+-- and goes, as soon as its tickets are served.
+function P:deliver(t)
+  if not t.trimmed then
+    redis.call('XDEL', self.Q, t.id)
   end
 end
 
@@ -297,21 +255,29 @@ end
 
 -- A waiting ticket whose client is gone (its liveness mark ran out) leaves
 -- the queue; so does an entry that was never a waiter's (added or damaged
--- by hand: no record names it). Only a ticket that is not granted: a
--- granted one is a lease, which only ends through end_lease (it keeps
--- `used` right); then false, and nothing is changed.
-function P:drop(t)
-  local raw = t.l and redis.call('HGET', self.RECS, t.l)
-  local mine = raw == 'W|' .. t.id
-  if raw and not mine and string.sub(raw, 1, #t.id + 3) == 'L|' .. t.id .. '|' then
-    return false
+-- by hand: no record names it), and a lease's ticket that an earlier
+-- version kept in the stream for as long as the lease: only the entry goes
+-- (the lease ends through end_lease alone, which keeps `used` right), and
+-- it counts as no dropped waiter (true: such an orphan). `raw`: the record
+-- of its lease id, where the caller read it already (nil: not read).
+function P:drop(t, raw)
+  if raw == nil then
+    raw = t.l and redis.call('HGET', self.RECS, t.l)
   end
+  local mine = raw == 'W|' .. t.id
   redis.call('XDEL', self.Q, t.id)
+  if raw and not mine and string.sub(raw, 1, #t.id + 3) == 'L|' .. t.id .. '|' then
+    if self.ord and not t.x then
+      -- (tenant order) out of the index, should it be there.
+      self:tenant_line('leave', t.T or '', t.id)
+    end
+    return true
+  end
   if t.x == '1' then
     -- A place-holder entry of a multi request (see P:grant_many): it has
     -- no record and is no waiter of its own.
     self:extras(-1)
-    return true
+    return
   end
   if mine then
     redis.call('HDEL', self.RECS, t.l)
@@ -326,7 +292,6 @@ function P:drop(t)
   self.dropped = self.dropped + 1
   self:note('dropped', 1)
   self:event('drop', '', '', t.c or '', t.o)
-  return true
 end
 
 -- Can queue entry t be served: does it hold what a grant reads (a pool's

@@ -66,6 +66,6 @@ do
     -- Set by most runs (P:times, P:meta, P:now_stamp), as their defaults
     -- are (prelude_defaults.lua): named here, they make the table 16
     -- fields large from the start, so that it does not grow mid-run.
-    nd = false, nh = 0, ld = false, stamp = false,
+    nd = false, nh = 0, got_meta = false, stamp = false,
   }, N)
 end

@@ -25,18 +25,16 @@
 --   fixed width><tenant>`, changed by a remove and an add;
 -- TEN (`<p>:tenants`), per tenant `c|` its count (14 hex), `w|`
 --   its weight, `g|` its grants; `v` the start of the last grant (14 hex).
--- The keys are named here from STATS (as P:event names the log): a field
--- of P for them would cost every run under `fifo` too.
+-- The keys are named by P:key (as P:event names the log): a field of P
+-- for them would cost every run under `fifo` too.
 -- While the order is `tenant` the index holds every waiting ticket (a
 -- ticket joins it in the run that queues it); switching to it builds the
 -- index in bounded steps (set_order.lua, META `ord` = 'b' meanwhile, the
 -- queue still served in stream order); switched back to `fifo`, the index
 -- is kept up until it empties (`ord` = 'f', P:tenant_line), so that a
--- switch to `tenant` then is one step. Grants under `tenant` leave queue
--- order, so `ld` stays where every ticket before it is not waiting
--- (P:deliver), and P:peek steps over the granted tickets after it
--- (P:tenant_skip); back under `fifo`, it does so until a grant passes the
--- last ticket leased at the switch (`oo`, in META `ord`: P:tenant_save).
+-- switch to `tenant` then is one step. A grant takes its ticket out of the
+-- stream in any order (P:deliver): the stream's head is the first waiting
+-- request whatever the order was.
 
 -- The upkeep of the index for ticket `id` of tenant T (`op`):
 -- 'join'  it waits: in its tenant's line; a tenant that did not wait enters
@@ -162,14 +160,12 @@ function P:tenant_line(op, T, id, mend)
 end
 
 -- META `ord`, one field that P:meta reads with the rest: the order (`t`,
--- `b`, `f`; none: fifo) and `|<oo>` while P:peek steps over tickets granted
--- out of queue order; removed when it would be empty.
+-- `b`, `f`); removed for fifo.
 function P:tenant_save()
-  local v = (self.ord or '') .. (self.oo and '|' .. self.oo or '')
-  if v == '' then
-    redis.call('HDEL', self.META, 'ord')
+  if self.ord then
+    redis.call('HSET', self.META, 'ord', self.ord)
   else
-    redis.call('HSET', self.META, 'ord', v)
+    redis.call('HDEL', self.META, 'ord')
   end
 end
 
@@ -212,13 +208,8 @@ function P:tenant_next(after)
     local e = redis.pcall('XRANGE', self.Q, full, full)
     e = not e.err and e[1]
     local t = e and self.ticket_of(e)
-    if after then
-      return t
-    end
-    -- (A ticket granted already is no waiter: only an index out of step
-    -- with the queue, by hand, holds one; so is a ticket gone.)
-    local raw = t and t.l and redis.call('HGET', self.RECS, t.l)
-    if t and not (raw and string.sub(raw, 1, #full + 3) == 'L|' .. full .. '|') then
+    if after or t then
+      -- (One that is no waiting request's, P:serve drops.)
       return t
     end
     local T = string.sub(m, 40)
@@ -230,22 +221,5 @@ function P:tenant_next(after)
     end
   end
   self.more = true
-  return nil
-end
-
--- P:peek under the tenant order, or after it (META `oo`): tickets granted
--- out of queue order lie after `ld`; step over them (their records are
--- leases) to the first that is not granted. Reads only (status runs it):
--- `ld` moves in this run's memory; the writers save it as they grant.
-function P:tenant_skip(e)
-  while e do
-    local l = self.ticket_of(e).l
-    local raw = l and redis.call('HGET', self.RECS, l)
-    if not (raw and string.sub(raw, 1, #e[1] + 3) == 'L|' .. e[1] .. '|') then
-      return e
-    end
-    self.ld = e[1]
-    e = redis.call('XRANGE', self.Q, '(' .. e[1], '+', 'COUNT', 1)[1]
-  end
   return nil
 end

@@ -4,15 +4,12 @@
 -- who is served next, never a grant already made.
 --
 -- To `tenant`: the index of the waiting tickets is built in bounded steps
--- (`count` tickets of the queue a run, from `ld` on, META `oc` the cursor;
+-- (`count` tickets of the queue a run, from its start, META `oc` the cursor;
 -- META `ord` = 'b' meanwhile: tickets that queue join it at once, and the
 -- queue is still served in arrival order); the caller calls again while
 -- the reply says 'building'. Where the index is whole already (back under
 -- `fifo` a while ago, `ord` = 'f': it is kept until it empties), at once.
--- To `fifo`: at once; the index is kept until it empties (`ord` = 'f'),
--- and since grants left queue order, P:peek steps over granted tickets
--- until a grant passes the last one leased now (`oo`, kept with the order
--- in META `ord`: P:tenant_save).
+-- To `fifo`: at once; the index is kept until it empties (`ord` = 'f').
 --
 -- ARGV: order ('fifo' | 'tenant'), count (tickets indexed per run, 1 to 1000)
 -- Reply: {'order', 'fifo'} | {'order', 'tenant'} | {'order', 'building'}
@@ -28,12 +25,6 @@ end
 P:maintain()
 local tw = P:key('tw')
 if order == 'fifo' then
-  if P.ord == 't' then
-    -- Grants left queue order: tickets granted after `ld` are leased, up to
-    -- the last ticket now at most (none: the queue is empty), and P:peek
-    -- steps over them until a grant passes it (P:last_granted sets `oo`).
-    P:last_granted()
-  end
   if P.ord == 't' or P.ord == 'b' then
     P.ord = 'f'
     -- An index with nobody in it goes at once (else with its last waiter,
@@ -59,10 +50,9 @@ if P.ord == 'f' and not from then
   P:dispatch(nil)
   return {'order', 'tenant'}
 end
-if not P.ord or not (from and P.is_id(from) and P.id_after(from, P.ld)) then
-  -- A build starts (again) where the waiting tickets start (an `ld` that
-  -- is no stream id, damage: at the start of the queue).
-  from = P.is_id(P.ld) and P.ld or '0-0'
+if not P.ord or not (from and P.is_id(from)) then
+  -- A build starts (again) at the start of the queue.
+  from = '0-0'
 end
 if P.ord ~= 'b' then
   P.ord = 'b'
@@ -72,8 +62,8 @@ local n = tonumber(count)
 local entries = redis.call('XRANGE', P.Q, '(' .. from, '+', 'COUNT', n)
 for _, e in ipairs(entries) do
   local t = P.ticket_of(e)
-  -- Waiting tickets only: a granted one's record is its lease, and a
-  -- place-holder of a multi request is no waiter of its own.
+  -- Waiting tickets only: a place-holder of a multi request is no waiter
+  -- of its own (nor a lease's ticket that an earlier version left there).
   if t.l and not t.x and redis.call('HGET', P.RECS, t.l) == 'W|' .. e[1] then
     P:tenant_line('join', t.T or '', e[1])
   end

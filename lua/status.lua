@@ -43,7 +43,7 @@ end
 -- A waiting multi request counts once, not once per entry (`xw`: its
 -- place-holders, lua/README.md).
 local waiting = math.max(0, P:waiting() - figure(meta[3]))
--- The head of the queue: the first ticket after the last one granted. Its
+-- The head of the queue: its first ticket. Its
 -- stream id is the server time (ms) it came in.
 local oldest = 0
 if waiting > 0 then

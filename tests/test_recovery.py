@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import redis
 from _workers import Proc, first_report, gc_loop, lease_block, leaser, server_now
@@ -522,22 +523,30 @@ def test_gc_reclaims_an_expired_lease_through_the_queue(pool_name: str, client: 
 
 
 def test_gc_deletes_a_granted_ticket_whose_lease_is_gone(pool_name: str, client: Any) -> None:
-    """A granted ticket whose lease record, deadline and index entry were
-    deleted (by hand, or a bug): gc deletes it (an orphan), and the resource
-    is set right; a waiting ticket behind it keeps its place."""
+    """A lease whose record, deadline and index entry were deleted (by
+    hand, or a bug): gc sets its resource right. And a lease's ticket that
+    an earlier version kept in the queue for as long as the lease: gc
+    deletes it (an orphan) and leaves the lease alone."""
     pool = FairAllocator(client, pool_name)
-    pool.extend(["r"])
+    pool.extend(["r", "s"])
     gone = pool.acquire(timeout=5)
+    kept = pool.acquire(timeout=5)
     keys = pool._pool.keys
-    client.hdel(keys[KEY["recs"]], gone.id)
+    recs, q = keys[KEY["recs"]], keys[KEY["q"]]
+    client.hdel(recs, gone.id)
     client.zrem(keys[KEY["exp"]], gone.id)
-    client.zrem(keys[KEY["held"]], f"r\0{gone.id}")
-    assert client.xlen(keys[KEY["q"]]) == 1
+    client.zrem(keys[KEY["held"]], f"{gone.resource}\0{gone.id}")
+    old = client.xadd(q, {"l": kept.id, "c": "cid-old", "t": "60000", "o": "me"})
+    client.hset(recs, kept.id, client.hget(recs, kept.id).replace(kept.ticket.encode(), old, 1))
+    kept = attrs.evolve(kept, ticket=old.decode())
+    assert client.xlen(q) == 1
     report = pool.gc()
     assert report.orphans == 1 and report.repaired >= 1
-    assert client.xlen(keys[KEY["q"]]) == 0
+    assert client.xlen(q) == 0
     status = pool.status()
-    assert (status.free, status.leased, status.waiting) == (1, 0, 0)
+    assert (status.free, status.leased, status.waiting) == (1, 1, 0)
+    assert pool.renew(kept).ticket == kept.ticket
+    assert pool.release(kept) is True
     assert pool.release(pool.acquire(timeout=5)) is True
 
 

@@ -509,17 +509,17 @@ class Admin(PoolBase):
 
         yield from self._check_policy()
         totals = [0] * 6
-        leased, queue, res = "0-0", "", "0"
+        leased, queue, res = "0", "", "0"
         absent_ms = 0
         waited = 0.0
-        # Each step is bounded; the cursors walk the leased tickets, the queue
+        # Each step is bounded; the cursors walk the lease records, the queue
         # and the resources once, so the loop ends even while the pool is busy.
         for _ in range(100_000):
             call = Call("gc", self.keys, (leased, queue, res, GC_COUNT), parse)
             counts, leased, queue, res, more, absent = yield from self._single(call)
             totals = [a + b for a, b in zip(totals, counts, strict=True)]
             absent_ms = max(absent_ms, absent)
-            if leased == "0-0" and queue == "" and res == "" and not more:
+            if leased == "0" and queue == "" and res == "" and not more:
                 if not absent_ms or waited:
                     break
                 # Waiters of clients found absent, whose graces run: wait
@@ -527,7 +527,7 @@ class Admin(PoolBase):
                 # so that one call leaves no dead waiter behind.
                 waited = absent_ms / 1000 + GC_GRACE_SLACK
                 yield Sleep(waited)
-                leased, queue, res = "0-0", "", ""
+                leased, queue, res = "0", "", ""
         reclaimed, dropped, expired, unparked, orphans, repaired = totals
         return GCReport(
             reclaimed=reclaimed,

@@ -9,9 +9,9 @@ server's timer left out):
     python docs/scripts/callgrind_replay.py [N]
 
 The difference is what the pool's Lua costs around its commands. The
-replay mirrors the commands of the scripts as of 2026-11-26 (lua/README.md,
-"Records kept by their text"): a change of what a grant sends needs a
-change here.
+replay mirrors the commands of the scripts as of 2026-11-27 (lua/README.md,
+"The queue holds waiting requests only"): a change of what a grant sends
+needs a change here.
 Needs valgrind (callgrind_control) and redis-server on PATH.
 """
 
@@ -54,22 +54,21 @@ redis.register_function('replay_acquire', function(KEYS, ARGV)
   local now = (us - us % 1000) / 1000
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
   redis.call('HGET', K[7], ARGV[1])
-  redis.call('HMGET', K[1], 'ld', 'ev', 'hint', 'ord', 'nd', 'nh')
+  redis.call('HMGET', K[1], 'ev', 'hint', 'ord', 'nd', 'nh')
   redis.call('XLEN', K[6])
-  redis.call('ZCARD', K[8])
   local id = redis.call('XADD', K[6], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
     'o', ARGV[8])
   local best = redis.call('ZRANGE', K[4], '0', '0')[1]
   local name = string.sub(best, 15)
   redis.call('HGET', K[2], name)
-  redis.call('HSET', K[1], 'ld', id)
+  redis.call('XDEL', K[6], id)
   redis.call('ZREM', K[4], best)
   redis.call('HSET', K[2], name, '1|0|1|' .. now_s .. '|a|0||0|0|0')
   redis.call('ZADD', K[14], '0', name .. '\0' .. ARGV[1])
   redis.call('HINCRBY', K[15], 'w1', '1')
   local dl = string.format('%d', now + ARGV[3])
   redis.call('HSET', K[7], ARGV[1], 'L|' .. id .. '|' .. now_s .. '|' .. now_s .. '|' .. dl ..
-    '|' .. ARGV[3] .. '|' .. ARGV[2] .. '|0|' .. name)
+    '|' .. ARGV[3] .. '|' .. ARGV[2] .. '|0|' .. name .. '\0\0' .. ARGV[8])
   redis.call('ZADD', K[8], dl, ARGV[1])
   return {'granted', id, now_s, now_s, now + ARGV[3], ARGV[3], name}
 end)
@@ -78,15 +77,13 @@ redis.register_function('replay_release', function(KEYS, ARGV)
   local t = redis.call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
-  redis.call('HMGET', K[1], 'ld', 'ev', 'hint', 'ord', 'nd', 'nh')
-  local name = string.match(redis.call('HGET', K[7], ARGV[1]), '|([^|]*)$')
+  redis.call('HMGET', K[1], 'ev', 'hint', 'ord', 'nd', 'nh')
+  local name = string.match(redis.call('HGET', K[7], ARGV[1]), '|([^|%z]*)%z')
   redis.call('HDEL', K[7], ARGV[1])
   redis.call('ZREM', K[8], ARGV[1])
-  redis.call('XDEL', K[6], ARGV[2])
   redis.call('ZREM', K[14], name .. '\0' .. ARGV[1])
   redis.call('HGET', K[2], name)
   redis.call('XLEN', K[6])
-  redis.call('ZCARD', K[8])
   local stamp = string.format('%014x', us)
   redis.call('ZADD', K[4], '0', stamp .. name)
   redis.call('HSET', K[2], name, '1|0|0|' .. now_s .. '|a|0|' .. stamp .. '|0|0|0')
@@ -99,7 +96,7 @@ redis.register_function('replay_renew', function(KEYS, ARGV)
   local now = (us - us % 1000) / 1000
   redis.call('HMGET', K[1], 'nd', 'nh')
   local rec = redis.call('HGET', K[7], ARGV[1])
-  redis.call('HGET', K[2], string.match(rec, '|([^|]*)$'))
+  redis.call('HGET', K[2], string.match(rec, '|([^|%z]*)%z'))
   local dl = string.format('%d', now + ARGV[3])
   redis.call('HSET', K[7], ARGV[1], rec)
   redis.call('ZADD', K[8], dl, ARGV[1])
