@@ -17,18 +17,19 @@ if not (lid and ticket and ttl and lid ~= '' and ticket ~= '' and #lid <= 128 an
   end
 end
 
--- Of META, only `nd` and `nh`: while nothing comes due, a renew needs no
--- more.
-local reclaimed, unparked = P:maintain(nil, true)
+-- A renew does no maintenance: the calls that free resources do it, and a
+-- waiter looks again when a lease comes due (its hint, its heartbeat). So
+-- a renew reads nothing of META while its deadline only moves later.
 local L, _, damaged = P:lease_load(lid)
 if damaged then
   return P:corrupt_lease(lid)
 end
 if not L or L.ticket ~= ticket then
-  P:dispatch(nil)
   return {'lost'}
 end
 if L.deadline <= P.now or not P:counts(L) then
+  -- Past its deadline (not yet reclaimed) or void: it ends here, and the
+  -- queue is served.
   P:end_and_settle(lid, L)
   if L.deadline <= P.now then
     P:event('expire', L.res, L.token, L.cid)
@@ -36,6 +37,7 @@ if L.deadline <= P.now or not P:counts(L) then
   P:dispatch(nil)
   return {'lost'}
 end
+local was = L.deadline
 L.deadline = P.now + ttl
 local dl = P.istr(L.deadline)
 -- Renewing, the holder shows it has the grant.
@@ -43,11 +45,10 @@ if L.pickup == '1' then
   P:claim(lid, L, P.SIG .. L.cid)
 end
 P:lease_save(lid, L, dl)
-P:schedule(P.EXP, L.deadline, lid, dl)
--- A renew frees nothing: the queue is served only if maintenance did
--- (else whoever waits was told when to look again by the run that left
--- it waiting).
-if reclaimed + unparked > 0 then
-  P:dispatch(nil)
+if L.deadline >= was then
+  -- Later than before: `nd` and `nh`, lower bounds (P:schedule), stay so.
+  redis.call('ZADD', P.EXP, dl or L.deadline, lid)
+else
+  P:schedule(P.EXP, L.deadline, lid, dl)
 end
 return {'renewed', L.deadline}

@@ -180,10 +180,12 @@ def test_dead_holder_with_nobody_waiting_is_reclaimed_by_gc(
     assert pool.release(again) is True
 
 
-def test_a_renew_that_ends_an_expired_lease_serves_the_queue(pool_name: str, client: Any) -> None:
-    """Another holder's renew that finds a lease past its deadline ends it
-    and hands its resource to the queue head at once (pushed to its client);
-    a renew that finds nothing due touches nobody's grant."""
+def test_a_renew_of_a_lease_past_its_deadline_serves_the_queue(pool_name: str, client: Any) -> None:
+    """A renew does no maintenance (lua/renew.lua): another holder's renew
+    after a lease ran out touches neither that lease nor anybody's grant
+    (the waiter's own look reclaims it). The renew of the lease that ran
+    out ends it, and hands its resource to the queue head at once (pushed
+    to its client)."""
     pool = FairAllocator(client, pool_name)
     pool.extend(["a", "b"])
     held = pool.acquire(timeout=5)
@@ -193,12 +195,13 @@ def test_a_renew_that_ends_an_expired_lease_serves_the_queue(pool_name: str, cli
     step = flow.steps.send(None)  # the acquire: nothing is free, it queues
     flow.steps.send(pool._step(step))  # now it would wait for its grant
     signal = pool._pool.signal_key(cid)
-    pool.renew(held)
-    assert client.llen(signal) == 0
     # The other lease runs out only now, with the waiter in line.
     late = pool.renew(late, ttl=0.05)
     wait_until(lambda: server_now(client) > late.expires_at + 0.005, what="the lease's deadline")
     pool.renew(held)
+    assert client.llen(signal) == 0
+    with pytest.raises(LeaseLost):
+        pool.renew(late)
     pushed = [m.decode() if isinstance(m, bytes) else m for m in client.lrange(signal, 0, -1)]
     assert [m.split("|")[:2] for m in pushed] == [["g", flow.lid]]
     assert pushed[0].endswith(f"|{late.resource}")
