@@ -43,7 +43,7 @@ function P:grant(t, best, self_lid)
   if not name then
     return nil
   end
-  self:deliver(t)
+  self:deliver(t.id)
   if t.T or self.ord then
     -- (tenants) the grant counts for its tenant (prelude_tenants.lua).
     self:tenant_line('grant', t.T or '', t.id)

@@ -142,14 +142,11 @@ function P:peek()
   return e and self.ticket_of(e)
 end
 
--- The ticket `t` was granted: it leaves the queue (the lease keeps its id),
--- unless it never entered it (`t.trimmed`: acquire.lua, nobody waiting).
--- So the stream holds waiting requests only, and a stream node empties,
--- and goes, as soon as its tickets are served.
-function P:deliver(t)
-  if not t.trimmed then
-    redis.call('XDEL', self.Q, t.id)
-  end
+-- The ticket `id` was granted: it leaves the queue (the lease keeps its
+-- id). So the stream holds waiting requests only, and a stream node
+-- empties, and goes, as soon as its tickets are served.
+function P:deliver(id)
+  redis.call('XDEL', self.Q, id)
 end
 
 -- The waiter `lid` stops being the hinted head (granted, dropped, left):
