@@ -150,7 +150,7 @@ local fields = page[2]
 for i = 1, #fields, 2 do
   local lid, raw = fields[i], fields[i + 1]
   if not string.find(lid, '|', 1, true) and string.byte(raw, 1) ~= 87 then -- 'W'
-    local L, _, damaged = P:lease_load(lid)
+    local L, _, damaged = P:lease_load(lid, raw)
     if L then
       if L.deadline <= P.now then
         P:end_and_settle(lid, L)

@@ -29,9 +29,10 @@ end
 -- the scripts write them, is damaged: nil, nil and the raw record. Those it
 -- meets on the way (maintenance, dispatch, take-back) a script leaves for
 -- gc, which removes them; a script asked about one by its owner replies
--- ALLOCATOR-CORRUPT (P.corrupt_lease).
-function P:lease_load(lid)
-  local raw = redis.call('HGET', self.RECS, lid)
+-- ALLOCATOR-CORRUPT (P.corrupt_lease). `raw`: the record, read already
+-- (gc), as P:res_load takes it.
+function P:lease_load(lid, raw)
+  raw = raw or redis.call('HGET', self.RECS, lid)
   if not raw then
     return nil, nil
   end

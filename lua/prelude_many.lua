@@ -101,7 +101,7 @@ function P:many_load(lid, n)
     ids[i] = self.many_id(lid, i)
   end
   -- One read for all (a new request has none of them); each lease found is
-  -- then read and parsed by lease_load.
+  -- then parsed by lease_load.
   local raws = redis.call('HMGET', self.RECS, unpack(ids))
   local raw = raws[1] or nil
   if raw and string.byte(raw, 1) ~= 76 and not (string.byte(raw, 1) == 87 and
@@ -110,7 +110,7 @@ function P:many_load(lid, n)
   end
   for i = 1, n do
     if raws[i] and string.byte(raws[i], 1) == 76 then -- 'L'
-      local L, _, bad = self:lease_load(ids[i])
+      local L, _, bad = self:lease_load(ids[i], raws[i])
       if not L then
         return nil, nil, bad
       end
