@@ -64,14 +64,9 @@ if phase == 'q' then
   return out
 end
 
-local held = redis.call('ZRANGEBYLEX', P.HELD, from == '' and '-' or '(' .. from, '+', 'LIMIT', '0',
-  count)
-for _, member in ipairs(held) do
-  local at = string.find(member, '\0', 1, true)
-  local L = at and P:lease_load(string.sub(member, at + 1))
-  if L and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
-    row('l', L.cid)
-  end
+local held, live = P:held_page(from, count)
+for _, L in ipairs(live) do
+  row('l', L.cid)
 end
 if #held == n then
   out[3] = 'h' .. held[#held]

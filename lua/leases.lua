@@ -26,38 +26,29 @@ if bad then
   return bad
 end
 
-local held = redis.call('ZRANGEBYLEX', P.HELD, after == '' and '-' or '(' .. after, '+',
-  'LIMIT', '0', count)
+local held, live, damaged = P:held_page(after, count)
+if damaged then
+  return P:corrupt_lease(damaged)
+end
 local out = {'leases', P.now_s, #held == tonumber(count) and held[#held] or ''}
-for _, member in ipairs(held) do
-  local at = string.find(member, '\0', 1, true)
-  local lid = at and string.sub(member, at + 1)
-  local L, _, damaged = nil, nil, nil
-  if lid then
-    L, _, damaged = P:lease_load(lid)
+for _, L in ipairs(live) do
+  local owner, tenant = L.o, L.T
+  if not P.utf8(owner) then
+    -- For people only, and not checked on the way in (acquire's hot
+    -- path): shown as '?' rather than break the reply's decoding.
+    owner = '?'
   end
-  if damaged or (L and not P.utf8(L.res)) then
-    return P:corrupt_lease(lid)
+  if not P.utf8(tenant) then
+    -- (Checked on the way in: only a record written by hand.)
+    tenant = '?'
   end
-  if L and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
-    local owner, tenant = L.o, L.T
-    if not P.utf8(owner) then
-      -- For people only, and not checked on the way in (acquire's hot
-      -- path): shown as '?' rather than break the reply's decoding.
-      owner = '?'
-    end
-    if not P.utf8(tenant) then
-      -- (Checked on the way in: only a record written by hand.)
-      tenant = '?'
-    end
-    out[#out + 1] = L.res
-    out[#out + 1] = L.token
-    out[#out + 1] = owner
-    out[#out + 1] = L.granted
-    out[#out + 1] = L.deadline
-    out[#out + 1] = P:presence_of(L.cid)
-    out[#out + 1] = L.cid
-    out[#out + 1] = tenant
-  end
+  out[#out + 1] = L.res
+  out[#out + 1] = L.token
+  out[#out + 1] = owner
+  out[#out + 1] = L.granted
+  out[#out + 1] = L.deadline
+  out[#out + 1] = P:presence_of(L.cid)
+  out[#out + 1] = L.cid
+  out[#out + 1] = tenant
 end
 return out

@@ -163,6 +163,34 @@ function P:counts(L)
   return rv == '0' or tonumber(L.token) > tonumber(rv)
 end
 
+-- A page of the index of live leases HELD: the `count` members after
+-- `after` ('' from its start), in lexical order; the live leases among
+-- them (not past their deadline, not void); and
+-- the lease id of the first record of the page that is damaged or names a
+-- resource that is not UTF-8 (no script writes one), which leases.lua
+-- reports. For the views that list leases (leases, clients, tenants).
+function P:held_page(after, count)
+  local held = redis.call('ZRANGEBYLEX', self.HELD, after == '' and '-' or '(' .. after, '+',
+    'LIMIT', '0', count)
+  local live, bad = {}, nil
+  for _, member in ipairs(held) do
+    local at = string.find(member, '\0', 1, true)
+    local lid = at and string.sub(member, at + 1)
+    local L, damaged = nil, nil
+    if lid then
+      local _
+      L, _, damaged = self:lease_load(lid)
+    end
+    if not bad and (damaged or (L and not self.utf8(L.res))) then
+      bad = lid
+    end
+    if L and L.deadline > self.now and self.counted(L, self:res_load(L.res)) then
+      live[#live + 1] = L
+    end
+  end
+  return held, live, bad
+end
+
 -- End a lease record: release, expiry, revocation, take-back, or a cancel
 -- that raced a grant (its ticket left the queue at the grant). A grant
 -- message nobody took is taken off its list, so no stray message is left. Returns the resource record with `used` lowered

@@ -86,14 +86,9 @@ if cursor == '' or phase == 'q' then
 end
 
 if phase == 'l' then
-  local held = redis.call('ZRANGEBYLEX', P.HELD, from == '' and '-' or '(' .. from, '+', 'LIMIT',
-    '0', n)
-  for _, member in ipairs(held) do
-    local at = string.find(member, '\0', 1, true)
-    local L = at and P:lease_load(string.sub(member, at + 1))
-    if L and L.deadline > P.now and P.counted(L, P:res_load(L.res)) then
-      count_in(L.T, 2)
-    end
+  local held, live = P:held_page(from, n)
+  for _, L in ipairs(live) do
+    count_in(L.T, 2)
   end
   rows()
   out[3] = #held >= n and 'l' .. held[#held] or 'h0'
