@@ -204,15 +204,14 @@ class Reader:
         steps outside it."""
         presence = self.presence
         assert presence is not None
-        with self._lock:
-            flow = watch(
-                self.holds,
-                self.core.presences,
-                self.reclaimable,
-                lambda: self.core.waiting,
-                time.monotonic,
-                self._unwatch.is_set,  # finish(): idle
-            )
+        flow = watch(
+            self.holds,
+            self.core.presences,
+            self.reclaimable,
+            lambda: self.core.waiting,
+            time.monotonic,
+            self._unwatch.is_set,  # finish(): idle
+        )
         reply: Any = None
         while True:
             with self._lock:

@@ -494,9 +494,9 @@ def watch(
     it while a reclaimable lease is held. Ends once nothing has been held
     for a while and nobody waits (:meth:`Holds.period`), or when
     ``stopped()``. ``reclaimable``: the reader's reclaimable leases;
-    ``clock``: the shell's monotonic clock. A shell that shares ``holds`` between threads runs
-    each step of this generator (the code between two yields) under its
-    lock, and the steps themselves outside it."""
+    ``clock``: the shell's monotonic clock. A shell that shares ``holds``
+    between threads runs each step of this generator (the code between two
+    yields) under its lock, and the steps themselves outside it."""
     while True:
         now = clock()
         # (given_up calls it at once: `now` is this turn's.)
