@@ -42,6 +42,9 @@ P.HORIZON_MS = 2000
 -- Expired leases and ended quarantines handled per pass on a hot path;
 -- gc() loops until everything due is handled.
 P.BATCH = 64
+-- The MAXLEN of an XADD that keeps every entry (acquire.lua: a ticket that
+-- waits; MAXLEN 0 for one granted in the same run).
+P.NO_TRIM = '9223372036854775807'
 -- The suffixes of the pool's keys, in the order of lua/README.md ("Keys")
 -- and of KEY_SUFFIXES (allocator/_core/keys.py): P:pool_keys.
 P.SUFFIXES = {'meta', 'res', 'gone', 'free', 'park', 'q', 'recs', 'exp', 'bind', 'bexp', 'alive',

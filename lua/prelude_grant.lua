@@ -31,19 +31,22 @@ function P:choose(t, best)
   return nil
 end
 
--- Grant the head a free resource. The ticket stays in the queue as long as
--- its lease (P:deliver); the token is the resource's next, floored on the
--- server clock in us so that tokens keep growing even after a restart that
--- lost data. A waiter
+-- Grant the head a free resource. Its ticket leaves the queue (P:deliver);
+-- the token is the resource's next, floored on the server clock in us so
+-- that tokens keep growing even after a restart that lost data. A waiter
 -- other than the caller is told by a push to its signal list; that grant
 -- must be popped within PICKUP_MS or it is taken back. nil (and nothing
--- granted) if `best` was a stale member of FREE.
-function P:grant(t, best, self_lid)
-  local name, r, binding = self:choose(t, best)
+-- granted) if `best` was a stale member of FREE. `name, r, binding`: what
+-- P:choose returned already, for a ticket that never stayed in the stream
+-- (acquire.lua, the uncontended case): nothing to choose nor to delete.
+function P:grant(t, best, self_lid, name, r, binding)
   if not name then
-    return nil
+    name, r, binding = self:choose(t, best)
+    if not name then
+      return nil
+    end
+    self:deliver(t.id)
   end
-  self:deliver(t.id)
   if t.T or self.ord then
     -- (tenants) the grant counts for its tenant (prelude_tenants.lua).
     self:tenant_line('grant', t.T or '', t.id)
