@@ -547,6 +547,26 @@ def test_forged_free_entries_grant_nothing(ctx: Ctx) -> None:
     assert ctx.client.zcard(free) == 0
 
 
+def test_a_forged_free_head_met_by_an_uncontended_acquire_is_passed_in_the_same_run(
+    ctx: Ctx,
+) -> None:
+    """Nobody waits, and the first member of FREE names no free resource: the
+    acquire that would be granted in its own run (its ticket trimmed as it
+    is added) finds that out before adding its ticket, so the ticket joins
+    the queue as any other and is served from the next member. Wrong: a
+    ticket trimmed for a grant that did not happen, a waiter whose ticket
+    is not in the queue."""
+    free, q = ctx.key("free"), ctx.key("q")
+    ctx.client.zadd(free, {"00000000000000ghost": -1e15})
+    reply = ctx("acquire", "w1", "cidw", "60000", "60000", "1", "", "3600000", "me")
+    assert reply[0] == b"granted" and reply[6] in (b"b", b"c")  # in this one run
+    assert ctx.client.zscore(free, "00000000000000ghost") is None
+    assert ctx.client.xlen(q) == 0  # served: its ticket left the queue
+    assert ctx.client.hget(ctx.key("recs"), "w1").startswith(b"L|" + reply[1])
+    assert ctx("release", "w1", reply[1].decode(), "", "") == [b"released"]
+    ctx.cycle()
+
+
 def test_forged_rate_log_entries_are_dropped(ctx: Ctx) -> None:
     """An entry of the rate log with no grant time in it. Before: a raw Lua
     error from the grant that met it."""
