@@ -184,6 +184,7 @@ def test_demo_without_fakeredis_says_what_to_install(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "fakeredis", None)  # makes `import fakeredis` fail
+    monkeypatch.delenv("REDIS_URL", raising=False)  # else the demo runs on that server
     assert _demo.run(demo_args()) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
