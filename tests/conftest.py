@@ -96,21 +96,19 @@ def pytest_configure(config: pytest.Config) -> None:
         _DESCRIPTION = "fakeredis only (no redis-server on PATH and no REDIS_URL)"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On the fakeredis fallback, skip what needs a real redis-server: tests
     marked ``real_redis`` (some start servers of their own). Under CI=true
     there is no fallback: pytest_configure has refused it already.
 
-    On the server of ``REDIS_URL``, under pytest-xdist, every test goes to
-    one worker, one after another: the tests pause the server's clients,
+    On the server of ``REDIS_URL``, under pytest-xdist, every test runs
+    ``alone`` (one after another): the tests pause the server's clients,
     kill connections and count the server's commands, which a test on
     another worker would see on a server they share (each worker has a
     server of its own otherwise)."""
     if os.environ.get("REDIS_URL") and hasattr(config, "workerinput"):
-        shared = pytest.mark.xdist_group("redis-url")
         for item in items:
-            item.add_marker(shared)
+            item.add_marker(pytest.mark.alone)
     if _REAL:
         return
     skip = pytest.mark.skip(reason="needs a real redis-server (fakeredis fallback)")

@@ -27,13 +27,9 @@ from allocator import AsyncFairAllocator, FairAllocator, Lease, NotReplicated
 from allocator._core.keys import KEY_SUFFIXES
 from allocator._core.pool import Pool
 
-# One worker runs the module under pytest-xdist (--dist loadgroup): its
-# cluster of six nodes is started once, not once per worker.
-pytestmark = [
-    pytest.mark.real_redis,
-    pytest.mark.replicas,
-    pytest.mark.xdist_group("cluster-replicas"),
-]
+# Under pytest-xdist each worker that runs a test of the module starts its
+# cluster of six nodes (a module fixture), as tests/test_cluster.py does.
+pytestmark = [pytest.mark.real_redis, pytest.mark.replicas]
 
 
 @pytest.fixture(scope="module")
