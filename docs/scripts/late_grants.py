@@ -37,6 +37,7 @@ from allocator._server import RedisServer
 from allocator.cli.bench import make_plan
 from allocator.cli.bench.base import ORDER_TIGHT_NS
 from allocator.cli.bench.scenarios import Bench
+from allocator.cli.bench.stats import percentile
 
 #: This process's acquire under way: when it was called, when its script
 #: call went to the socket.
@@ -77,10 +78,6 @@ def _ticket(text: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-def _percentile(values: list[int], q: float) -> float:
-    return values[min(len(values) - 1, int(len(values) * q))] / 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -112,13 +109,13 @@ def main() -> None:
     for run in bench.library_runs:
         start, end = run.window
         grants = sorted((s for s in run.samples if start <= s.t_wait < end), key=lambda s: s.t_wait)
-        leads = sorted(lead[s.ticket] for s in grants if s.ticket in lead)
+        leads = [lead[s.ticket] for s in grants if s.ticket in lead]
         order = run.arrival_order(ORDER_TIGHT_NS)
         print(
             f"{run.procs} processes, {run.resources} resource(s): {order.late} of {order.grants} "
             f"grants late by more than 1 ms; acquire called to its script call sent: "
-            f"p50 {_percentile(leads, 0.5):.0f} µs, p90 {_percentile(leads, 0.9):.0f} µs, "
-            f"p99 {_percentile(leads, 0.99):.0f} µs, max {leads[-1] / 1e3:.0f} µs"
+            f"p50 {percentile(leads, 50) / 1e3:.0f} µs, p90 {percentile(leads, 90) / 1e3:.0f} µs, "
+            f"p99 {percentile(leads, 99) / 1e3:.0f} µs, max {max(leads) / 1e3:.0f} µs"
         )
         before = after = sent_first = 0
         for i, g in enumerate(grants):
