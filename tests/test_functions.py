@@ -174,3 +174,28 @@ def test_records_changed_by_others_are_read_as_changed(client: Any, pool_name: s
     first, second = pool.acquire(blocking=False), pool.acquire(blocking=False)
     assert first is not None and second is not None
     assert pool.release(first) and pool.release(second)
+
+
+def test_interleaved_calls_of_two_pools_each_use_their_own_keys(
+    client: Any, pool_name: str
+) -> None:
+    """The library keeps each pool's key names across calls, and each call
+    finds its own pool's (allocator/_scripts.py, library_text): calls of
+    two pools that the server runs in turn never touch each other's keys."""
+    first = FairAllocator(client, pool_name + "-1")
+    second = FairAllocator(client, pool_name + "-2")
+    first.extend(["a"])
+    second.extend(["b", "c"])
+    assert scripts().mode(client) == FUNCTIONS
+    held = []
+    for _ in range(3):
+        for pool in (first, second, second, first):
+            lease = pool.acquire(blocking=False)
+            if lease is not None:
+                held.append((pool, lease))
+    assert sorted(lease.resource for _pool, lease in held) == ["a", "b", "c"]
+    assert all((lease.resource == "a") == (pool is first) for pool, lease in held)
+    assert (first.status().leased, second.status().leased) == (1, 2)
+    for pool, lease in held:
+        assert pool.release(lease)
+    assert (first.status().free, second.status().free) == (1, 2)
