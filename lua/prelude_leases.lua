@@ -16,6 +16,18 @@ function P.keep(kept, text, value)
   kept[text], kept[1] = value, kept[1] + 1
 end
 
+-- RES_OF and LEASE_OF keep the record itself (P:res_save, P:lease_save),
+-- under the last text it was saved as (`kt`): the text it was kept under
+-- before, in the same run, is forgotten.
+function P.keep_record(kept, text, record)
+  local was = record.kt
+  if was and kept[was] == record then
+    kept[was], kept[1] = nil, kept[1] - 1
+  end
+  record.kt = text
+  P.keep(kept, text, record)
+end
+
 -- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pushed|resource\0tenant\0owner
 -- `pushed` is 1 if the grant went to the waiter's signal list (0: handed
 -- over in a script reply); such a grant is *unclaimed* while its lease id is
@@ -78,22 +90,19 @@ function P:corrupt_lease(lid)
 end
 
 -- `dl`: the deadline as P.istr writes it (nil: `..` converts it).
--- In the Functions library the record's text is kept with a copy of the
--- lease, so that the next call to load it (its release, its next renew)
--- need not parse it: about 14,000 instructions for a load, 4,000 for the
--- copy. A text names its lease exactly (its ticket is its own), so a kept
--- lease can be out of date only in memory: a text the pool no longer holds
--- is never read again (P.keep).
+-- In the Functions library the record's text is kept with the lease
+-- itself (P.keep_record), so that the next call to load it (its release,
+-- its next renew) need not parse it: about 14,000 instructions for a load.
+-- A lease is changed only before its save (P:grant, renew.lua), as a
+-- resource record is (P:res_save). A text names its lease exactly (its
+-- ticket is its own): a text the pool no longer holds is never read again.
 function P:lease_save(lid, L, dl)
   local text = 'L|' .. L.ticket .. '|' .. L.token .. '|' .. L.granted .. '|' ..
     (dl or L.deadline) .. '|' .. L.ttl .. '|' .. L.cid .. '|' .. L.pickup .. '|' .. L.res ..
     '\0' .. L.T .. '\0' .. L.o
   redis.call('HSET', self.RECS, lid, text)
   if self.LEASE_OF then
-    self.keep(self.LEASE_OF, text, {
-      ticket = L.ticket, token = L.token, granted = L.granted, deadline = L.deadline,
-      ttl = L.ttl, cid = L.cid, pickup = L.pickup, res = L.res, T = L.T, o = L.o,
-    })
+    self.keep_record(self.LEASE_OF, text, L)
   end
 end
 

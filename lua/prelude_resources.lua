@@ -152,21 +152,24 @@ end
 -- loaded: whoever changes `cap` clears it); `used` goes through P.istr;
 -- numbers set by other paths go through Lua's conversion, which is exact
 -- for their sizes (< 14 digits).
--- In the Functions library the text is kept with a copy of the record, as
--- P:lease_save keeps a lease's (RES_OF), unless the record was mended: a
--- mended one is read again as it reads.
+-- In the Functions library the text is kept with the record itself (RES_OF),
+-- unless the record was mended: a mended one is read again as it reads. Not
+-- a copy, which cost each save about 5,000 instructions (a table of 12
+-- fields, and the collector's work on it). So every run changes a record
+-- only before a save of it: each change below (P:grant, P:end_lease, P:park,
+-- P:place, P:settle, and the scripts that set a field) is followed by
+-- res_save in the same run, or by P:retire, which deletes the record. A
+-- record is kept under one text at most, the last it was saved as (`kt`),
+-- so that no two resources can be handed the same table.
 function P:res_save(name, r)
   self.records[name] = r
   local text = (r.cs or r.cap) .. '|' .. r.score .. '|' .. (self.istr(r.used) or r.used) .. '|' ..
     r.fence .. '|' .. r.state .. '|' .. r.untl .. '|' .. r.stamp .. '|' .. r.rc .. '|' .. r.rw ..
     '|' .. r.rv
   redis.call('HSET', self.RES, name, text)
-  if self.RES_OF and not r.bad then
-    self.keep(self.RES_OF, text, {
-      cap = r.cap, score = r.score, used = r.used, fence = r.fence, state = r.state,
-      untl = r.untl, stamp = r.stamp, rc = r.rc, rw = r.rw, rv = r.rv, cs = r.cs,
-      stuck = r.stuck,
-    })
+  local kept = self.RES_OF
+  if kept and not r.bad then
+    self.keep_record(kept, text, r)
   end
 end
 

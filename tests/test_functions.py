@@ -199,3 +199,104 @@ def test_interleaved_calls_of_two_pools_each_use_their_own_keys(
     for pool, lease in held:
         assert pool.release(lease)
     assert (first.status().free, second.status().free) == (1, 2)
+
+
+class _Waiter:
+    """A waiter driven step by step (no reader thread): queued at once, and
+    handed its grant from its signal list when the test says."""
+
+    def __init__(self, pool: FairAllocator, cid: str) -> None:
+        self.pool, self.cid = pool, cid
+        self.flow = pool._pool.acquire(None, None, None, True, cid=cid)
+        step = self.flow.steps.send(None)  # the acquire call: it queues
+        step = self.flow.steps.send(pool._step(step))
+        assert type(step).__name__ == "Wait"
+
+    def lease(self, client: Any) -> Any:
+        message = client.lpop(self.pool._pool.signal_key(self.cid))
+        assert message is not None, "the waiter was not granted"
+        client.zrem(self.pool._pool.keys[KEY_SUFFIXES.index("pick")], self.flow.lid)
+        try:
+            self.flow.steps.send(message)
+        except StopIteration as stop:
+            return stop.value
+        raise AssertionError("the pushed grant did not end the acquire")
+
+
+@pytest.mark.parametrize("check", ["status", "gc"])
+def test_kept_records_always_read_as_the_pool_holds_them(
+    client: Any, pool_name: str, check: str
+) -> None:
+    """The library keeps the resource and lease records it saves, the
+    tables themselves, and hands them to the next call that reads the same
+    text (lua/prelude_resources.lua, P:res_save): a run must change a record
+    only before its save. Every path that changes a record runs here, on
+    the Functions path, each followed by a look through what the library
+    keeps: a status read there must agree with one read on the scripts path
+    (which parses every record), or gc must find nothing to repair (it
+    checks each record against the lease index, FREE and PARK)."""
+    pool = FairAllocator(client, pool_name)
+
+    def look() -> None:
+        if check == "gc":
+            assert pool.gc().repaired == 0
+            return
+        scripts().enabled = False
+        try:
+            parsed = pool.status()
+        finally:
+            scripts().enabled = True
+        kept = pool.status()
+        assert (kept.resources, kept.leased, kept.free, kept.waiting) == (
+            parsed.resources,
+            parsed.leased,
+            parsed.free,
+            parsed.waiting,
+        )
+
+    pool.extend(["a"], capacity=2)
+    pool.extend(["b"], rate=(1, 600))
+    pool.extend(["c"], priority=1)
+    assert scripts().mode(client) == FUNCTIONS
+    look()
+    grants = [pool.acquire(blocking=False) for _ in range(4)]
+    # c first (priority), then a, then b ahead of a, which just went back.
+    assert [x.resource for x in grants if x] == ["c", "a", "b", "a"]
+    first, second, fourth, third = grants
+    look()  # b's rate budget is spent: throttled
+    waiter = _Waiter(pool, "kept-waiter")
+    look()
+    assert pool.release(first)  # c kept aside for the head, and granted to it
+    granted = waiter.lease(client)
+    assert granted.resource == "c"
+    look()
+    assert pool.release(second, quarantine=600)
+    look()
+    pool.quarantine("c", 600)
+    look()
+    assert pool.revoke(lease_id=granted.id)
+    look()
+    assert pool.unquarantine("c")
+    look()
+    pool.renew(third)
+    look()
+    pool.extend(["a"], capacity=3, priority=2)
+    look()
+    assert pool.remove(["b"]) == 1  # draining: its lease is still held
+    look()
+    assert pool.release(fourth)  # its last lease: it leaves
+    look()
+    pool.extend(["b"])
+    look()
+    assert pool.unquarantine("a")
+    look()
+    held = [pool.acquire(blocking=False) for _ in range(4)]  # all that is free
+    assert sorted(x.resource for x in held if x) == ["a", "a", "b", "c"]
+    assert pool.acquire(blocking=False) is None
+    waiter = _Waiter(pool, "kept-waiter-2")
+    assert pool.release(third)
+    look()
+    assert waiter.lease(client).resource == "a"
+    for lease in held:
+        assert pool.release(lease, quarantine=1 if lease.resource == "b" else None)
+    look()
