@@ -186,7 +186,7 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
         "local P = {}",
         mark + helpers,
         # Kept across calls here, not made in each (prelude_defaults.lua).
-        "P.LEASE_OF, P.RES_OF = {0}, {0}",
+        "P.LEASE_OF, P.RES_OF, P.TIME_OF = {0}, {0}, {0}",
         "local HELPERS = {__index = P}",
         # The names of a pool's keys, per META key: at most NAMES_KEPT pools'.
         "local NAMES, NAMED = {}, 0",

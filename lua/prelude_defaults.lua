@@ -66,6 +66,9 @@ P.RV_OF = {0}
 -- across calls (allocator/_scripts.py, library_text); false as a script,
 -- where nothing outlives a call.
 P.LEASE_OF, P.RES_OF = false, false
+-- META's `nd` or `nh` text -> the time it holds, as P:read_times reads it;
+-- [1]: how many. The Functions library's only, as LEASE_OF.
+P.TIME_OF = false
 -- The length of the pool's event log (META `ev`), false while it is off.
 P.ev = false
 -- The pool's order (META `ord`, prelude_tenants.lua): false for `fifo`, 't'
