@@ -54,10 +54,13 @@ function P:grant(t, best, self_lid, name, r, binding)
   self:unhint(t.l)
   -- The floor is the common case; a second grant in the same microsecond
   -- (capacity > 1) takes the next number.
-  local token = self.now_s
-  -- (Digits: P:res_load checked them, and a stuck resource is never granted.)
-  local fence = r.fence + 0
-  if fence >= self.now_us then
+  local token, fence = self.now_s, r.fence
+  -- (Digits: P:res_load checked them, and a stuck resource is never granted.
+  -- Compared as text where both have as many digits, which orders them as
+  -- numbers: a fence written by a grant has no leading zero, and one that
+  -- has (only damage writes one) is below 10^15, so below the clock either
+  -- way. A number is made only for a fence at or past the clock.)
+  if #fence > #token or (#fence == #token and fence >= token) then
     token = string.format('%.0f', fence + 1)
     if tonumber(token) >= 9007199254740992 then
       -- The last token it can give (P:res_load): no more grants, from

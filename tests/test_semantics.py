@@ -42,6 +42,24 @@ def test_tokens_only_grow_per_resource(pool: Any) -> None:
     assert tokens == sorted(tokens) and len(set(tokens)) == 5
 
 
+def test_tokens_of_grants_made_together_on_one_resource_grow(pool: Any) -> None:
+    """One run that grants a resource of capacity > 1 several times (here
+    extend, raising its capacity with two waiters queued) gives each grant
+    its own token, in order, though the server clock reads the same
+    microsecond for all of them."""
+    pool.extend(["r"])
+    held = pool.acquire(timeout=5)
+    waiters = []
+    for i in range(2):
+        waiters.append(Background(lambda: pool.acquire(timeout=20)))
+        wait_until(lambda i=i: pool.status().waiting == i + 1, what=f"waiter {i} queued")
+    pool.extend(["r"], capacity=3)
+    first, second = (w.join() for w in waiters)
+    assert held.token < first.token < second.token
+    for lease in (held, first, second):
+        pool.release(lease)
+
+
 def test_fencing_survives_remove_and_readd(pool: Any) -> None:
     pool.extend(["r"])
     first = pool.acquire(timeout=5)
