@@ -55,14 +55,16 @@ local P
 do
   local t = redis.call('TIME')
   -- (Arithmetic turns the digits of TIME into numbers for about a third
-  -- of what tonumber costs, a call of a global function.)
-  local us = t[1] * 1000000 + t[2]
+  -- of what tonumber costs, a call of a global function. The microseconds
+  -- have six digits nine times in ten, and need no padding then.)
+  local s, u = t[1], t[2]
+  local us = s * 1000000 + u
   P = setmetatable({
     -- The caller's own signal list, where a script declares it (acquire,
     -- acquire_many, poll, cancel): the second key.
     OWN = KEYS[2],
     records = {},
-    now_us = us, now = (us - us % 1000) / 1000, now_s = t[1] .. string.sub('00000' .. t[2], -6),
+    now_us = us, now = (us - us % 1000) / 1000, now_s = s .. (#u == 6 and u or string.sub('00000' .. u, -6)),
     -- Set by most runs (P:times, P:meta, P:now_stamp), as their defaults
     -- are (prelude_defaults.lua): named here, they make the table 16
     -- fields large from the start, so that it does not grow mid-run.
