@@ -6,13 +6,16 @@ import inspect
 import math
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import attrs
+import fakeredis
 import pytest
 import redis
+from fakeredis.commands_mixins import server_mixin
 from redis.cluster import key_slot
 
 import allocator
@@ -438,3 +441,21 @@ def test_a_reader_left_with_acknowledgements_on_a_gone_server_ends(monkeypatch: 
     clock[0] += ACK_GIVE_UP / 2 + 0.1
     hub.failed(down)
     assert hub.idle
+
+
+@pytest.mark.parametrize(
+    ("clock", "token"),
+    [(1795765274.000042, 1795765274000042), (1795765274.123456, 1795765274123456)],
+)
+def test_a_first_token_is_the_server_clock_in_microseconds(
+    monkeypatch: pytest.MonkeyPatch, clock: float, token: int
+) -> None:
+    """A resource's first token is the server's clock in microseconds
+    (lua/README.md, "Tokens"), made from the two parts of TIME: the
+    microseconds are padded to six digits where they have fewer. The server
+    here is fakeredis, whose clock the test sets."""
+    monkeypatch.setattr(server_mixin, "time", types.SimpleNamespace(time=lambda: clock))
+    pool = FairAllocator(fakeredis.FakeRedis(), "clock")
+    pool.extend(["r"])
+    lease = pool.acquire(blocking=False)
+    assert lease is not None and lease.token == token
