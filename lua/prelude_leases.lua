@@ -6,26 +6,19 @@
 -- (RV_OF, LEASE_OF, RES_OF: prelude_defaults.lua), [1] counting the texts:
 -- at 1,000 all are forgotten first (texts never read again: a deleted
 -- pool's, say).
-function P.keep(kept, text, value)
+function P.keep(kept, text, value, was)
   if kept[1] >= 1000 then
     for old in pairs(kept) do
       kept[old] = nil
     end
     kept[1] = 0
-  end
-  kept[text], kept[1] = value, kept[1] + 1
-end
-
--- RES_OF and LEASE_OF keep the record itself (P:res_save, P:lease_save),
--- under the last text it was saved as (`kt`): the text it was kept under
--- before, in the same run, is forgotten.
-function P.keep_record(kept, text, record)
-  local was = record.kt
-  if was and kept[was] == record then
+  elseif was and kept[was] == value then
+    -- (RES_OF, LEASE_OF) the record itself is kept (P:res_save,
+    -- P:lease_save), under the last text it was saved as only (`kt`):
+    -- the text it was kept under before, in the same run, is forgotten.
     kept[was], kept[1] = nil, kept[1] - 1
   end
-  record.kt = text
-  P.keep(kept, text, record)
+  kept[text], kept[1] = value, kept[1] + 1
 end
 
 -- L|ticket|token|granted_us|deadline_ms|ttl_ms|cid|pushed|resource\0tenant\0owner
@@ -91,7 +84,7 @@ end
 
 -- `dl`: the deadline as P.istr writes it (nil: `..` converts it).
 -- In the Functions library the record's text is kept with the lease
--- itself (P.keep_record), so that the next call to load it (its release,
+-- itself (P.keep), so that the next call to load it (its release,
 -- its next renew) need not parse it: about 14,000 instructions for a load.
 -- A lease is changed only before its save (P:grant, renew.lua), as a
 -- resource record is (P:res_save). A text names its lease exactly (its
@@ -102,7 +95,8 @@ function P:lease_save(lid, L, dl)
     '\0' .. L.T .. '\0' .. L.o
   redis.call('HSET', self.RECS, lid, text)
   if self.LEASE_OF then
-    self.keep_record(self.LEASE_OF, text, L)
+    self.keep(self.LEASE_OF, text, L, L.kt)
+    L.kt = text
   end
 end
 

@@ -169,7 +169,8 @@ function P:res_save(name, r)
   redis.call('HSET', self.RES, name, text)
   local kept = self.RES_OF
   if kept and not r.bad then
-    self.keep_record(kept, text, r)
+    self.keep(kept, text, r, r.kt)
+    r.kt = text
   end
 end
 
