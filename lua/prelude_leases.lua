@@ -2,10 +2,10 @@
 -- Leases
 ---------------------------------------------------------------------------
 
--- What the Functions library keeps across calls by a record's text
--- (RV_OF, LEASE_OF, RES_OF: prelude_defaults.lua), [1] counting the texts:
--- at 1,000 all are forgotten first (texts never read again: a deleted
--- pool's, say).
+-- What the Functions library keeps across calls by a text, a record's or
+-- META's `nd` or `nh` (RV_OF, LEASE_OF, RES_OF, TIME_OF: prelude_defaults.lua),
+-- [1] counting them: at 1,000 all are forgotten first (texts never read
+-- again: a deleted pool's, say).
 function P.keep(kept, text, value, was)
   if kept[1] >= 1000 then
     for old in pairs(kept) do

@@ -64,7 +64,8 @@ do
     -- acquire_many, poll, cancel): the second key.
     OWN = KEYS[2],
     records = {},
-    now_us = us, now = (us - us % 1000) / 1000, now_s = s .. (#u == 6 and u or string.sub('00000' .. u, -6)),
+    now_us = us, now = (us - us % 1000) / 1000,
+    now_s = s .. (#u == 6 and u or string.sub('00000' .. u, -6)),
     -- Set by most runs (P:times, P:meta, P:now_stamp), as their defaults
     -- are (prelude_defaults.lua): named here, they make the table 16
     -- fields large from the start, so that it does not grow mid-run.
