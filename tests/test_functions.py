@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import Stepper
 
 from allocator import FairAllocator
 from allocator._core.keys import KEY_SUFFIXES
+from allocator._core.steps import Wait
 from allocator._scripts import (
     FUNCTIONS,
     OPERATIONS,
@@ -201,26 +203,19 @@ def test_interleaved_calls_of_two_pools_each_use_their_own_keys(
     assert (first.status().free, second.status().free) == (1, 2)
 
 
-class _Waiter:
-    """A waiter driven step by step (no reader thread): queued at once, and
-    handed its grant from its signal list when the test says."""
+def queued(pool: FairAllocator) -> Stepper:
+    """A waiter driven step by step: its acquire has queued it."""
+    waiter = Stepper(pool)
+    waiter.run_step()
+    assert isinstance(waiter.step, Wait), waiter.step
+    return waiter
 
-    def __init__(self, pool: FairAllocator, cid: str) -> None:
-        self.pool, self.cid = pool, cid
-        self.flow = pool._pool.acquire(None, None, None, True, cid=cid)
-        step = self.flow.steps.send(None)  # the acquire call: it queues
-        step = self.flow.steps.send(pool._step(step))
-        assert type(step).__name__ == "Wait"
 
-    def lease(self, client: Any) -> Any:
-        message = client.lpop(self.pool._pool.signal_key(self.cid))
-        assert message is not None, "the waiter was not granted"
-        client.zrem(self.pool._pool.keys[KEY_SUFFIXES.index("pick")], self.flow.lid)
-        try:
-            self.flow.steps.send(message)
-        except StopIteration as stop:
-            return stop.value
-        raise AssertionError("the pushed grant did not end the acquire")
+def granted_to(waiter: Stepper) -> Any:
+    """The grant the waiter reads (its wait carried out)."""
+    waiter.run_step()
+    assert waiter.done, "the waiter was not granted"
+    return waiter.value
 
 
 @pytest.mark.parametrize("check", ["status", "gc"])
@@ -264,10 +259,10 @@ def test_kept_records_always_read_as_the_pool_holds_them(
     assert [x.resource for x in grants if x] == ["c", "a", "b", "a"]
     first, second, fourth, third = grants
     look()  # b's rate budget is spent: throttled
-    waiter = _Waiter(pool, "kept-waiter")
+    waiter = queued(pool)
     look()
     assert pool.release(first)  # c kept aside for the head, and granted to it
-    granted = waiter.lease(client)
+    granted = granted_to(waiter)
     assert granted.resource == "c"
     look()
     assert pool.release(second, quarantine=600)
@@ -293,10 +288,10 @@ def test_kept_records_always_read_as_the_pool_holds_them(
     held = [pool.acquire(blocking=False) for _ in range(4)]  # all that is free
     assert sorted(x.resource for x in held if x) == ["a", "a", "b", "c"]
     assert pool.acquire(blocking=False) is None
-    waiter = _Waiter(pool, "kept-waiter-2")
+    waiter = queued(pool)
     assert pool.release(third)
     look()
-    assert waiter.lease(client).resource == "a"
+    assert granted_to(waiter).resource == "a"
     for lease in held:
         assert pool.release(lease, quarantine=1 if lease.resource == "b" else None)
     look()
