@@ -146,6 +146,13 @@ class Stepper(Run):
         self.reader.core.inbox(self.flow.lid).put(RECHECK)
 
 
+def queued(stepper: Stepper) -> None:
+    """Run the enqueue; the waiter must now be queued and about to wait."""
+    assert isinstance(stepper.step, Call) and stepper.step.script == "acquire"
+    stepper.run_step()
+    assert isinstance(stepper.step, Wait), stepper.step
+
+
 # -- an event loop in a thread, to drive async allocators from sync tests ---
 
 

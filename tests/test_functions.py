@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import Stepper
+from helpers import Stepper, queued
 
 from allocator import FairAllocator
 from allocator._core.keys import KEY_SUFFIXES
-from allocator._core.steps import Wait
 from allocator._scripts import (
     FUNCTIONS,
     OPERATIONS,
@@ -203,21 +202,6 @@ def test_interleaved_calls_of_two_pools_each_use_their_own_keys(
     assert (first.status().free, second.status().free) == (1, 2)
 
 
-def queued(pool: FairAllocator) -> Stepper:
-    """A waiter driven step by step: its acquire has queued it."""
-    waiter = Stepper(pool)
-    waiter.run_step()
-    assert isinstance(waiter.step, Wait), waiter.step
-    return waiter
-
-
-def granted_to(waiter: Stepper) -> Any:
-    """The grant the waiter reads (its wait carried out)."""
-    waiter.run_step()
-    assert waiter.done, "the waiter was not granted"
-    return waiter.value
-
-
 @pytest.mark.parametrize("check", ["status", "gc"])
 def test_kept_records_always_read_as_the_pool_holds_them(
     client: Any, pool_name: str, check: str
@@ -259,11 +243,13 @@ def test_kept_records_always_read_as_the_pool_holds_them(
     assert [x.resource for x in grants if x] == ["c", "a", "b", "a"]
     first, second, fourth, third = grants
     look()  # b's rate budget is spent: throttled
-    waiter = queued(pool)
+    waiter = Stepper(pool)
+    queued(waiter)
     look()
     assert pool.release(first)  # c kept aside for the head, and granted to it
-    granted = granted_to(waiter)
-    assert granted.resource == "c"
+    waiter.run_step()  # it reads its grant
+    granted = waiter.value
+    assert waiter.done and granted.resource == "c"
     look()
     assert pool.release(second, quarantine=600)
     look()
@@ -288,10 +274,12 @@ def test_kept_records_always_read_as_the_pool_holds_them(
     held = [pool.acquire(blocking=False) for _ in range(4)]  # all that is free
     assert sorted(x.resource for x in held if x) == ["a", "a", "b", "c"]
     assert pool.acquire(blocking=False) is None
-    waiter = queued(pool)
+    waiter = Stepper(pool)
+    queued(waiter)
     assert pool.release(third)
     look()
-    assert granted_to(waiter).resource == "a"
+    waiter.run_step()
+    assert waiter.done and waiter.value.resource == "a"
     for lease in held:
         assert pool.release(lease, quarantine=1 if lease.resource == "b" else None)
     look()

@@ -20,7 +20,7 @@ import fakeredis
 import pytest
 import redis
 from _workers import server_now
-from helpers import Background, Stepper, wait_until
+from helpers import Background, Stepper, queued, wait_until
 
 from allocator import AcquireTimeout, AsyncFairAllocator, FairAllocator, Lease
 from allocator._core.steps import Call, Wait
@@ -49,13 +49,6 @@ def redis_url_or_none(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def pool(client: Any, pool_name: str) -> FairAllocator:
     return FairAllocator(client, pool_name)
-
-
-def queued(stepper: Stepper) -> None:
-    """Run the enqueue; the waiter must now be queued and about to wait."""
-    assert isinstance(stepper.step, Call) and stepper.step.script == "acquire"
-    stepper.run_step()
-    assert isinstance(stepper.step, Wait), stepper.step
 
 
 def test_holder_keeps_resource_beyond_internal_timers(pool: FairAllocator, client: Any) -> None:
