@@ -231,22 +231,17 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
 
 
 def declared(keys: tuple[str, ...], cluster: bool) -> tuple[str, ...]:
-    """The keys a call of a pool's script declares to the server, of
-    ``keys``: the pool's keys (``Pool.keys``), then the caller's own signal
-    list where the call has one. First the pool's ``meta`` key, then that
-    signal list: the script names every other key from ``meta``
-    (lua/prelude_state.lua), as they share its hash tag, so its slot; each
-    key declared costs the server about 1,400 instructions a call. A Cluster
-    client declares the others too, after these two (the script does not
-    read them): a slot that is moving then stops the whole call before it
-    starts (``ASK`` or ``TRYAGAIN``), never between two of its writes."""
-    first = (keys[0], *keys[_OWN:])
-    return (*first, *keys[1 : _OWN - 1]) if cluster else first
-
-
-#: Where the caller's own signal list follows the pool's keys in a call's
-#: keys: after the keys of KEY_SUFFIXES and the signal lists' prefix.
-_OWN = len(KEY_SUFFIXES) + 1
+    """The keys a call of a pool's script declares to the server, of the
+    pool's keys (``Pool.keys``): its ``meta`` key. The script names every
+    other key from it (lua/prelude_state.lua), as they share its hash tag,
+    so its slot; each key declared costs the server about 1,400
+    instructions a call. A Cluster client declares the others too, after
+    it (the script does not read them): a slot that is moving then stops
+    the whole call before it starts (``ASK`` or ``TRYAGAIN``), never
+    between two of its writes. No call declares a signal list: a script
+    names the one it pushes to, or takes a grant back from, from the
+    client id in the ticket or the lease."""
+    return (keys[0], *keys[1 : len(KEY_SUFFIXES)]) if cluster else (keys[0],)
 
 
 #: How a client runs the scripts, once known.

@@ -1,7 +1,7 @@
 -- acquire: join the queue; be granted at once if nobody is ahead and a
 -- resource is free (the uncontended case is this one script run).
 --
--- KEYS: the pool's META, then the caller's signal key (lua/README.md, "Keys").
+-- KEYS: the pool's META (lua/README.md, "Keys").
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), bind ('' for none),
 --       bind_ttl_ms (read only with a bind), owner (who holds the lease, for
 --       people: kept in the ticket's field `o`), reclaim ('1': the lease
@@ -69,7 +69,7 @@ if damaged then
   return P:corrupt_lease(lid)
 end
 if L then
-  P:claim(lid, L, P.OWN)
+  P:claim(lid, L)
   return P.lease_reply(L)
 end
 local ticket = raw and string.sub(raw, 3)

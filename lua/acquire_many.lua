@@ -4,7 +4,7 @@
 -- prelude): at the head it waits until `count` resources are free at once,
 -- and those behind it wait too.
 --
--- KEYS: the pool's META, then the caller's signal key (lua/README.md, "Keys").
+-- KEYS: the pool's META (lua/README.md, "Keys").
 -- ARGV: lid, cid, ttl_ms, alive_ms, blocking ('1' | '0'), count, owner (who
 --       holds the leases, for people: the field `o` of every entry of the
 --       request, so that leases() shows it for each lease), reclaim (as
@@ -55,7 +55,7 @@ if damaged then
 end
 if got then
   for _, g in ipairs(got) do
-    P:claim(g[1], g[2], P.OWN)
+    P:claim(g[1], g[2])
   end
   return P.many_reply(got)
 end

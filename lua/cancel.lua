@@ -2,7 +2,7 @@
 -- It leaves the queue; a grant that raced in is ended and passed on to the
 -- next waiter in this same run, so that nothing leaks.
 --
--- KEYS: the pool's META, then the caller's signal key (its client's).
+-- KEYS: the pool's META (lua/README.md, "Keys").
 -- ARGV: lid, count (a waiter of acquire_many: how many resources it asked
 --       for; its leases are `<lid>.<i>` besides lid, its place-holder
 --       entries follow its ticket)

@@ -34,7 +34,7 @@ for i = 1, #recs, 2 do
   if L then
     if P:unclaimed(lid, L) then
       -- Its waiter has not taken the grant yet: it gets the notice instead.
-      P:claim(lid, L, P.SIG .. L.cid)
+      P:claim(lid, L)
       redis.call('RPUSH', P.SIG .. L.cid, 'd|' .. lid)
       waiters = waiters + 1
     else

@@ -4,7 +4,7 @@
 -- comes due or its reader asks it to look, and (with lid '') by the reader
 -- once per interval for all waiters of its client.
 --
--- KEYS: the pool's META, then the caller's signal key (its client's).
+-- KEYS: the pool's META (lua/README.md, "Keys").
 -- ARGV: lid ('' for a client-level heartbeat), cid, alive_ms,
 --       probe (heartbeat only: a waiter of the client whose ticket to check),
 --       count (a waiter of acquire_many: how many resources it asked for)
@@ -92,7 +92,7 @@ if n then
   got, raw, damaged = P:many_load(lid, n)
   if got then
     for _, g in ipairs(got) do
-      P:claim(g[1], g[2], P.OWN)
+      P:claim(g[1], g[2])
     end
     return P.many_reply(got)
   end
@@ -104,7 +104,7 @@ if damaged then
 end
 if L then
   -- Granted by an earlier push: hand it over in this reply.
-  P:claim(lid, L, P.OWN)
+  P:claim(lid, L)
   return P.lease_reply(L)
 elseif raw then
   local ticket = string.sub(raw, 3)

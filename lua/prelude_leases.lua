@@ -119,11 +119,11 @@ end
 -- acquire: this function), or it was renewed. A reader that pops a grant and
 -- finds no waiter for it releases it only while it is unclaimed (release.lua,
 -- `unclaimed`), so a late or repeated message never releases a lease its
--- owner holds. Here: take back the pushed message if nobody popped it yet.
--- `key` is the signal list it was pushed to.
-function P:claim(lid, L, key)
+-- owner holds. Here: take back the pushed message if nobody popped it yet,
+-- from the signal list of the lease's client, where P:grant pushed it.
+function P:claim(lid, L)
   if L.pickup == '1' and redis.call('ZREM', self.PICK, lid) == 1 then
-    redis.call('LREM', key, '1', self.grant_msg(lid, L))
+    redis.call('LREM', self.SIG .. L.cid, '1', self.grant_msg(lid, L))
   end
 end
 
@@ -203,7 +203,7 @@ function P:end_lease(lid, L)
   redis.call('HDEL', self.RECS, lid)
   redis.call('ZREM', self.EXP, lid)
   if L.pickup == '1' then
-    self:claim(lid, L, self.SIG .. L.cid)
+    self:claim(lid, L)
   end
   redis.call('ZREM', self.HELD, L.res .. '\0' .. lid)
   local r = self:res_load(L.res)

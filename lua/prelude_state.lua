@@ -60,15 +60,13 @@ do
   local s, u = t[1], t[2]
   local us = s * 1000000 + u
   P = setmetatable({
-    -- The caller's own signal list, where a script declares it (acquire,
-    -- acquire_many, poll, cancel): the second key.
-    OWN = KEYS[2],
     records = {},
     now_us = us, now = (us - us % 1000) / 1000,
     now_s = s .. (#u == 6 and u or string.sub('00000' .. u, -6)),
-    -- Set by most runs (P:times, P:meta, P:now_stamp), as their defaults
-    -- are (prelude_defaults.lua): named here, they make the table 16
-    -- fields large from the start, so that it does not grow mid-run.
-    nd = false, nh = 0, got_meta = false, stamp = false,
+    -- Set by most runs (P:times, P:meta, P:now_stamp, P:hints: every
+    -- grant), as their defaults are (prelude_defaults.lua): named here,
+    -- they make the table 16 fields large from the start (more than 8), so
+    -- that it does not grow mid-run (a rehash, about 1,500 instructions).
+    nd = false, nh = 0, got_meta = false, stamp = false, hinted = false,
   }, N)
 end

@@ -42,7 +42,7 @@ L.deadline = P.now + ttl
 local dl = P.istr(L.deadline)
 -- Renewing, the holder shows it has the grant.
 if L.pickup == '1' then
-  P:claim(lid, L, P.SIG .. L.cid)
+  P:claim(lid, L)
 end
 P:lease_save(lid, L, dl)
 if L.deadline >= was then

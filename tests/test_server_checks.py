@@ -78,15 +78,8 @@ class Ctx:
     def key(self, suffix: str) -> str:
         return self.keys[KEY_SUFFIXES.index(suffix)]
 
-    def own(self, cid: str = "cid1") -> list[str]:
-        """The keys of a script that takes the caller's signal key too."""
-        return [*self.keys, self.pool._pool.signal_key(cid)]
-
-    def keys_for(self, op: str) -> list[str]:
-        return self.own() if op in ("acquire", "acquire_many", "poll", "cancel") else self.keys
-
     def __call__(self, op: str, *args: Any) -> Any:
-        return self.direct(op, self.keys_for(op), *args)
+        return self.direct(op, self.keys, *args)
 
     def snapshot(self) -> dict[bytes, bytes]:
         """Every key of the pool (signal lists too), as DUMP has it."""

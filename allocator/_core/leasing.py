@@ -122,7 +122,6 @@ class Leasing(PoolBase):
             # same short budget as any single call (docs/api.md#errors).
             deadline = started + self.call_budget
         mark_ms = alive_ms(cid)
-        own = (*self.keys, self.signal_key(cid))
         flag = "1" if blocking else "0"
         # Sent only where it is on, so that the common acquire stays as it was.
         reclaim: tuple[str, ...] = ("1",) if self.reclaim_on_disconnect else ()
@@ -138,7 +137,7 @@ class Leasing(PoolBase):
         if count is None:
             enqueue: Call[State] = Call(
                 "acquire",
-                own,
+                self.keys,
                 (lid, cid, ttl_ms, mark_ms, flag, bind or "", _ms(self.bind_ttl), owner, *reclaim),
                 lambda reply: self._state("acquire", lid, reply),
             )
@@ -146,7 +145,7 @@ class Leasing(PoolBase):
             many = ("", count)  # poll's probe (none) and count
             enqueue = Call(
                 "acquire_many",
-                own,
+                self.keys,
                 (lid, cid, ttl_ms, mark_ms, flag, count, owner, *reclaim),
                 lambda reply: self._state("acquire_many", lid, reply),
             )
@@ -251,7 +250,7 @@ class Leasing(PoolBase):
                 if poll is None:
                     poll = Call(
                         "poll",
-                        own,
+                        self.keys,
                         (lid, cid, mark_ms, *many),
                         lambda reply: self._state("poll", lid, reply),
                     )
@@ -266,7 +265,9 @@ class Leasing(PoolBase):
             # pool holds no ticket: a cancel would only make keys.
             if deleted:
                 raise
-            cancel = Call("cancel", own, (lid, *many[1:]), lambda reply: _tagged("cancel", reply))
+            cancel = Call(
+                "cancel", self.keys, (lid, *many[1:]), lambda reply: _tagged("cancel", reply)
+            )
             try:
                 due = time.monotonic() + SIDE_BUDGET
                 yield from retrying(cancel, attempts=1, deadline=due)

@@ -396,8 +396,7 @@ def heartbeat(pool: Pool, cid: str, probe: str) -> Call[Beaten]:
             None if due < 0 else due / 1000,
         )
 
-    own = (*pool.keys, pool.signal_key(cid))
-    return Call("poll", own, ("", cid, alive_ms(cid), probe), parse)
+    return Call("poll", pool.keys, ("", cid, alive_ms(cid), probe), parse)
 
 
 def recheck_after_beat(epoch: str, previous: str | None, probe_ok: bool, too_long: bool) -> bool:

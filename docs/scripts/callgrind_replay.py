@@ -120,17 +120,15 @@ def main() -> None:
         pool.extend(["a", "b"])
         for _ in range(50):
             pool.release(pool.acquire())
-        # The keys the pool's own calls declare (META, and the caller's own
-        # signal list where it has one).
+        # The keys the pool's own calls declare (META).
         cid = "p." + secrets.token_urlsafe(9)
         keys = declared(pool._pool.keys, False)
-        own = declared((*pool._pool.keys, pool._pool.signal_key(cid)), False)
         owner = default_owner()
 
         def replay_cycle() -> None:
             lid = secrets.token_urlsafe(16)
             reply = client.execute_command(
-                "FCALL", "replay_acquire", len(own), *own,
+                "FCALL", "replay_acquire", len(keys), *keys,
                 lid, cid, 60_000, 12_000, "1", "", 0, owner,
             )  # fmt: skip
             client.execute_command(
