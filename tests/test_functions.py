@@ -11,6 +11,7 @@ storm of SCRIPT FLUSH.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -23,9 +24,11 @@ from allocator import FairAllocator
 from allocator._core.keys import KEY_SUFFIXES
 from allocator._scripts import (
     FUNCTIONS,
+    LIBRARY_LOCALS,
     OPERATIONS,
     READ_ONLY,
     SCRIPTS,
+    _as_locals,
     _sources,
     declared,
     library_text,
@@ -63,12 +66,34 @@ def test_the_library_is_the_scripts_with_the_helpers_defined_once() -> None:
             assert f"redis.register_function{{function_name = '{op}_{made.version}'," in text
             continue
         assert f"redis.register_function('{op}_{made.version}'," in text
-        assert bodies[op] in text  # each body unchanged
+        # Each body unchanged, but for the globals it reads as locals.
+        assert _as_locals(bodies[op]) in text
     # The helpers are defined once, at load: outside every function body.
     assert text.count("function P:grant(") == 1
     assert text.index("function P:grant(") < text.index("local function begin(KEYS)")
     with pytest.raises(ValueError, match="@helpers"):
         library_text("local P = {}\n", {"x": "return 1"}, "v")
+
+
+def test_the_library_reads_the_globals_it_calls_once() -> None:
+    """The library reads the server's functions it calls (``redis.call``,
+    ``string.sub``, ``tonumber``...) into locals once, at its first call,
+    and uses the locals after: one line reads the globals, and no other
+    code does. The rewrite touches code only: no string in the scripts
+    holds one of the names."""
+    text = scripts().library
+    code = "\n".join(line.split("--")[0] for line in text.split("\n"))
+    names = "|".join(re.escape(name) for name in LIBRARY_LOCALS)
+    read = re.compile(rf"(?<![\w.:])({names})(?![\w.])")
+    lines = [line for line in code.split("\n") if read.search(line)]
+    assert len(lines) == 1 and lines[0].strip().startswith("redis.call, redis.pcall,")
+    # Every name the line reads, in the order of the locals it sets.
+    assert [m.group(1) for m in read.finditer(lines[0])] == list(LIBRARY_LOCALS)
+    prelude, bodies = _sources()
+    for source in (prelude, *bodies.values()):
+        for line in source.split("\n"):
+            for literal in re.findall(r"'[^']*'|\"[^\"]*\"", line.split("--")[0]):
+                assert not read.search(literal), literal
 
 
 def test_a_server_with_functions_runs_the_library(client: Any, pool_name: str) -> None:
