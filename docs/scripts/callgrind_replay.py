@@ -9,9 +9,12 @@ server's timer left out):
     python docs/scripts/callgrind_replay.py [N]
 
 The difference is what the pool's Lua costs around its commands. The
-replay mirrors the commands of the scripts as of 2026-11-27 (lua/README.md,
-"The queue holds waiting requests only"): a change of what a grant sends
-needs a change here.
+replay reads ``redis.call`` once per call, as the pool's library does, and
+takes what the pool reads from a record (the resource's name) as an
+argument: a pattern match on a record would cost it more than some of its
+commands. It mirrors the commands of the scripts as of 2026-11-27
+(lua/README.md, "Globals read once, and one key declared"): a change of
+what a grant sends needs a change here.
 Needs valgrind (callgrind_control) and redis-server on PATH.
 """
 
@@ -48,58 +51,59 @@ local function names(KEYS)
   return k
 end
 redis.register_function('replay_acquire', function(KEYS, ARGV)
-  local K = names(KEYS)
-  local t = redis.call('TIME')
+  local K, call = names(KEYS), redis.call
+  local t = call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now = (us - us % 1000) / 1000
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
-  redis.call('HGET', K[7], ARGV[1])
-  redis.call('HMGET', K[1], 'ev', 'hint', 'ord', 'nd', 'nh')
-  redis.call('XLEN', K[6])
-  local id = redis.call('XADD', K[6], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
-    'o', ARGV[8])
-  local best = redis.call('ZRANGE', K[4], '0', '0')[1]
+  call('HGET', K[7], ARGV[1])
+  call('HMGET', K[1], 'ev', 'hint', 'ord', 'nd', 'nh')
+  call('XLEN', K[6])
+  local best = call('ZRANGE', K[4], '0', '0')[1]
   local name = string.sub(best, 15)
-  redis.call('HGET', K[2], name)
-  redis.call('XDEL', K[6], id)
-  redis.call('ZREM', K[4], best)
-  redis.call('HSET', K[2], name, '1|0|1|' .. now_s .. '|a|0||0|0|0')
-  redis.call('ZADD', K[14], '0', name .. '\0' .. ARGV[1])
-  redis.call('HINCRBY', K[15], 'w1', '1')
+  call('HGET', K[2], name)
+  local id = call('XADD', K[6], 'MAXLEN', '0', '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
+    'o', ARGV[8])
+  call('ZREM', K[4], best)
+  call('HSET', K[2], name, '1|0|1|' .. now_s .. '|a|0||0|0|0')
+  call('ZADD', K[14], '0', name .. '\0' .. ARGV[1])
+  call('HINCRBY', K[15], 'w1', '1')
   local dl = string.format('%d', now + ARGV[3])
-  redis.call('HSET', K[7], ARGV[1], 'L|' .. id .. '|' .. now_s .. '|' .. now_s .. '|' .. dl ..
+  call('HSET', K[7], ARGV[1], 'L|' .. id .. '|' .. now_s .. '|' .. now_s .. '|' .. dl ..
     '|' .. ARGV[3] .. '|' .. ARGV[2] .. '|0|' .. name .. '\0\0' .. ARGV[8])
-  redis.call('ZADD', K[8], dl, ARGV[1])
+  call('ZADD', K[8], dl, ARGV[1])
   return {'granted', id, now_s, now_s, now + ARGV[3], ARGV[3], name}
 end)
 redis.register_function('replay_release', function(KEYS, ARGV)
-  local K = names(KEYS)
-  local t = redis.call('TIME')
+  local K, call = names(KEYS), redis.call
+  local t = call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now_s = t[1] .. string.sub('00000' .. t[2], -6)
-  redis.call('HMGET', K[1], 'ev', 'hint', 'ord', 'nd', 'nh')
-  local name = string.match(redis.call('HGET', K[7], ARGV[1]), '|([^|%z]*)%z')
-  redis.call('HDEL', K[7], ARGV[1])
-  redis.call('ZREM', K[8], ARGV[1])
-  redis.call('ZREM', K[14], name .. '\0' .. ARGV[1])
-  redis.call('HGET', K[2], name)
-  redis.call('XLEN', K[6])
+  call('HMGET', K[1], 'ev', 'hint', 'ord', 'nd', 'nh')
+  -- (The resource's name comes as ARGV[5]: the pool's Lua reads it from
+  -- the record.)
+  local name = ARGV[5]
+  call('HGET', K[7], ARGV[1])
+  call('HDEL', K[7], ARGV[1])
+  call('ZREM', K[8], ARGV[1])
+  call('ZREM', K[14], name .. '\0' .. ARGV[1])
+  call('HGET', K[2], name)
+  call('XLEN', K[6])
   local stamp = string.format('%014x', us)
-  redis.call('ZADD', K[4], '0', stamp .. name)
-  redis.call('HSET', K[2], name, '1|0|0|' .. now_s .. '|a|0|' .. stamp .. '|0|0|0')
+  call('ZADD', K[4], '0', stamp .. name)
+  call('HSET', K[2], name, '1|0|0|' .. now_s .. '|a|0|' .. stamp .. '|0|0|0')
   return {'released'}
 end)
 redis.register_function('replay_renew', function(KEYS, ARGV)
-  local K = names(KEYS)
-  local t = redis.call('TIME')
+  local K, call = names(KEYS), redis.call
+  local t = call('TIME')
   local us = t[1] * 1000000 + t[2]
   local now = (us - us % 1000) / 1000
-  redis.call('HMGET', K[1], 'nd', 'nh')
-  local rec = redis.call('HGET', K[7], ARGV[1])
-  redis.call('HGET', K[2], string.match(rec, '|([^|%z]*)%z'))
+  local rec = call('HGET', K[7], ARGV[1])
+  call('HGET', K[2], ARGV[4])
   local dl = string.format('%d', now + ARGV[3])
-  redis.call('HSET', K[7], ARGV[1], rec)
-  redis.call('ZADD', K[8], dl, ARGV[1])
+  call('HSET', K[7], ARGV[1], rec)
+  call('ZADD', K[8], dl, ARGV[1])
   return {'renewed', now + ARGV[3]}
 end)
 """
@@ -132,7 +136,7 @@ def main() -> None:
                 lid, cid, 60_000, 12_000, "1", "", 0, owner,
             )  # fmt: skip
             client.execute_command(
-                "FCALL", "replay_release", len(keys), *keys, lid, reply[1], "", ""
+                "FCALL", "replay_release", len(keys), *keys, lid, reply[1], "", "", reply[6]
             )
 
         def cycle() -> None:
@@ -145,7 +149,14 @@ def main() -> None:
 
         def replay_renew() -> None:
             client.execute_command(
-                "FCALL", "replay_renew", len(keys), *keys, held.id, held.ticket, 60_000
+                "FCALL",
+                "replay_renew",
+                len(keys),
+                *keys,
+                held.id,
+                held.ticket,
+                60_000,
+                held.resource,
             )
 
         def renew() -> None:
