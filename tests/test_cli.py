@@ -904,3 +904,35 @@ def test_bench_two_tenants_reports_both_orders(
     for order in ("fifo", "tenant"):
         (run,) = details[order]["runs"]
         assert run["lone_grants"] > 0 and run["burst_grants"] > 0, run
+
+
+def test_bench_times_the_floor_beside_the_cycle_and_leaves_nothing(
+    env: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``allocator bench --only uncontended`` times the floor's cycle (a
+    bare library that sends only a grant's commands, figure 1f) next to a
+    PING, in a pass of its own after the pool's cycle, where the server has
+    Functions; on a server it does not own it takes the library and its
+    keys away."""
+    url, _ = env
+    server = redis.Redis.from_url(url)
+    functions = int(str(server.info("server")["redis_version"]).split(".")[0]) >= 7
+    out = tmp_path / "bench.json"
+    main(["bench", "--quick", "--only", "uncontended", "--json", str(out)])
+    capsys.readouterr()
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["failed_scenarios"] == [] and report["problems"] == []
+    rows = {row["key"]: row for row in report["rows"]}
+    assert set(rows) == {"1", "1f"}
+    assert rows["1f"]["target"] is None  # a figure to compare with, not a goal
+    if functions:
+        assert rows["1f"]["value"] > 0 and rows["1f"]["baseline"] > 0
+        assert rows["1f"]["verdict"] == "report"
+        details = report["details"]["uncontended"]
+        # As many samples as the pool's cycle, each with its PING.
+        counts = {details[k]["count"] for k in ("cycle_ns", "floor_ping_ns", "floor_cycle_ns")}
+        assert len(counts) == 1
+        assert server.function_list(library="allocator_bench_floor") == []
+    else:
+        assert rows["1f"]["value"] is None and rows["1f"]["verdict"] == "n/a"
+    assert list(server.scan_iter(match="allocbench*")) == []

@@ -13,7 +13,8 @@ adds to it; and the same handoff between clients that keep a presence, as
 clients do by default (the scripts check that the waiter is present).
 
 The floor is what a queued, fenced, leased grant costs at the least: two
-``FCALL`` of a bare Functions library (:data:`FLOOR`, loaded on the same
+``FCALL`` of a bare Functions library (``allocator/cli/bench/floor.py``,
+whose cycle ``allocator bench`` times as figure 1f; loaded on the same
 server, measured the same way) that does only the commands such a grant
 needs. Its acquire adds a ticket to a stream (``XADD``, the same four
 fields as a ticket of the pool), takes a free resource (``ZPOPMIN``),
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import glob
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -52,60 +52,10 @@ from typing import Any
 import redis
 
 from allocator import FairAllocator, Lease
-from allocator._core.checks import default_owner
 from allocator._core.keys import KEY_SUFFIXES
 from allocator._core.presence import presence_channel
 from allocator._scripts import scripts
-
-#: The floor: a bare Functions library doing only what a queued, fenced,
-#: leased grant needs (see the module's docstring). KEYS: the resources'
-#: fences (hash), the free resources (zset), the queue (stream), the lease
-#: records (hash), the deadlines (zset). ARGV of ``floor_acquire``: lease id,
-#: client id, ttl ms, owner; of ``floor_release``: lease id.
-FLOOR = """#!lua name=callgrind_floor
-redis.register_function('floor_acquire', function(KEYS, ARGV)
-  local ticket = redis.call('XADD', KEYS[3], '*', 'l', ARGV[1], 'c', ARGV[2], 't', ARGV[3],
-    'o', ARGV[4])
-  local name = redis.call('ZPOPMIN', KEYS[2])[1]
-  local token = redis.call('HINCRBY', KEYS[1], name, '1')
-  local t = redis.call('TIME')
-  local deadline = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[3])
-  redis.call('HSET', KEYS[4], ARGV[1], ticket .. '|' .. token .. '|' .. name)
-  redis.call('ZADD', KEYS[5], deadline, ARGV[1])
-  return {ticket, token, deadline, name}
-end)
-redis.register_function('floor_release', function(KEYS, ARGV)
-  local ticket, name = string.match(redis.call('HGET', KEYS[4], ARGV[1]), '^([^|]*)|[^|]*|(.*)$')
-  redis.call('HDEL', KEYS[4], ARGV[1])
-  redis.call('ZREM', KEYS[5], ARGV[1])
-  redis.call('XDEL', KEYS[3], ticket)
-  redis.call('ZADD', KEYS[2], '0', name)
-  return 1
-end)
-"""
-
-
-class Floor:
-    """The floor's cycle: ``floor_acquire`` + ``floor_release`` on a pool of
-    two resources, with lease ids and an owner as the pool's own calls send."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR)
-        self.keys = [f"cg-floor:{{x}}:{part}" for part in ("fence", "free", "q", "recs", "exp")]
-        client.zadd(self.keys[1], {"a": 0, "b": 0})
-        self.cid = secrets.token_urlsafe(9)
-        self.owner = default_owner()
-        for _ in range(50):
-            self.once()
-
-    def once(self) -> None:
-        lid = secrets.token_urlsafe(16)
-        keys = self.keys
-        self.client.execute_command(
-            "FCALL", "floor_acquire", len(keys), *keys, lid, self.cid, 60_000, self.owner
-        )
-        self.client.execute_command("FCALL", "floor_release", len(keys), *keys, lid)
+from allocator.cli.bench.floor import Floor
 
 
 def free_port() -> int:
@@ -228,7 +178,10 @@ def main() -> None:
     n = int(args[0]) if args else 200
     with Callgrind(n) as cg:
         client, port, measure = cg.client, cg.port, cg.measure
-        floor = measure(Floor(client).once)
+        floor_run = Floor(client, "cg-floor:{x}")
+        for _ in range(50):
+            floor_run.once()
+        floor = measure(floor_run.once)
         print(
             f"{'path':<10} {'PING':>8} {'floor':>8} {'acquire+release':>16} {'with the log':>13} "
             f"{'renew':>8} {'handoff':>8} {'with presence':>14}"

@@ -10,6 +10,8 @@ RPUSH) driven by the same worker processes as the library.
 Scenarios (``--only`` picks some) and the figures they give:
 
 ``uncontended``  1   acquire+release cycle vs PING
+                 1f  the floor's cycle vs PING: a bare library that sends only
+                     a grant's commands (:mod:`.floor`), in a pass of its own
 ``handoff``      2   release -> next acquire, 1 resource, 8 and 32 processes
                  3   FIFO violations and Jain fairness (also from the others),
                      grants seen out of arrival order by more than 5 ms

@@ -13,6 +13,7 @@ from allocator.cli.bench.base import (
     _summary_dict,
     _us,
 )
+from allocator.cli.bench.floor import Floor
 from allocator.cli.bench.stats import (
     Row,
     Target,
@@ -93,6 +94,14 @@ class Uncontended(BenchBase):
             "release_ns": _summary_dict(release),
             "cycle_ns": _summary_dict(cycle),
         }
+        # The floor's cycle (figure 1f), where the server has Functions: a
+        # pass of its own, after figure 1's, each sample next to a PING.
+        # Interleaved with the pool's cycle, the floor's library took the
+        # server's caches from the pool's and slowed figure 1 by a tenth.
+        floor_ping, floors = self._floor_cycles()
+        if floors:
+            self.details["uncontended"]["floor_ping_ns"] = _summary_dict(floor_ping)
+            self.details["uncontended"]["floor_cycle_ns"] = _summary_dict(floors)
         cycle_p50, ping_p50 = _p(cycle, "p50"), _p(ping, "p50")
         self.add(
             Row(
@@ -112,6 +121,45 @@ class Uncontended(BenchBase):
                 f"vs {_us(one_script_us)} ('return 1')",
             )
         )
+        self.add(
+            Row(
+                "1f",
+                "floor: the same cycle, a grant's commands only, p50",
+                _p(floors, "p50") if floors else None,
+                "ns",
+                _p(floor_ping, "p50") if floors else None,
+                "PING p50, same pass",
+                note="two FCALLs of a bare library that sends only the commands a "
+                "queued, fenced, leased grant needs (allocator/cli/bench/floor.py), "
+                "in a pass of its own after figure 1's, each sample next to a PING"
+                if floors
+                else "not measured: the server has no Functions, or the user may not load them",
+            )
+        )
         self.progress.end(
             f"cycle p50 {format_value(cycle_p50, 'ns')}, PING p50 {format_value(ping_p50, 'ns')}"
         )
+
+    def _floor_cycles(self) -> tuple[list[int], list[int]]:
+        """PING and the floor's cycle, in ns, sample by sample (both empty
+        where the server has no Functions)."""
+        floor = Floor.start(self.node, f"{self.prefix}:{{{self.fresh('floor')}}}")
+        if floor is None:
+            return [], []
+        ping: list[int] = []
+        cycle: list[int] = []
+        now = time.monotonic_ns
+        warmup = min(200, self.plan.uncontended_samples // 10)
+        try:
+            for i in range(warmup + self.plan.uncontended_samples):
+                t0 = now()
+                self.node.ping()
+                t1 = now()
+                floor.once()
+                t2 = now()
+                if i >= warmup:
+                    ping.append(t1 - t0)
+                    cycle.append(t2 - t1)
+        finally:
+            floor.close()
+        return ping, cycle
