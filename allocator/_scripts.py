@@ -203,11 +203,12 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
     :data:`CALL_MARK`) once per pool, kept across calls in ``NAMES``; then
     the state of the call (a ``local P`` of its own). A name is looked up
     in the state, then the helpers, then the names: the state's metatable
-    leads to the helpers, and the helpers' metatable is set, at the start
-    of each call, to the names of the call's pool (the server runs one call
-    at a time). A helper or a default, read far more often than a key's
-    name, is found at the second table rather than the third (about 1 % of
-    a cycle's instructions, lua/README.md "Costs"). Each function wraps an
+    leads to the helpers, and the helpers' metatable is set to the names
+    of the call's pool at the start of each call whose pool is not the
+    last call's (the server runs one call at a time). A helper or a
+    default, read far more often than a key's name, is found at the second
+    table rather than the third (about 1 % of a cycle's instructions,
+    lua/README.md "Costs"). Each function wraps an
     operation's body after ``local P = begin(KEYS)``; ``KEYS`` and ``ARGV``
     are its parameters, as the body expects. The whole text is the Lua of
     the files unchanged but for the server's functions it calls
@@ -228,7 +229,7 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
         "P.LEASE_OF, P.RES_OF, P.TIME_OF = {0}, {0}, {0}",
         "local HELPERS = {__index = P}",
         # The names of a pool's keys, per META key: at most NAMES_KEPT pools'.
-        "local NAMES, NAMED = {}, 0",
+        "local NAMES, NAMED, NAMED_LAST = {}, 0, false",
         "local function names(KEYS)",
         names,
         "  return N",
@@ -246,9 +247,13 @@ def library_text(prelude: str, bodies: dict[str, str], version: str) -> str:
         "    named = names(KEYS)",
         "    NAMES[KEYS[1]], NAMED = named, NAMED + 1",
         "  end",
-        # The helpers lead to this pool's names; the state (made with the
-        # metatable `N` below) to the helpers.
-        "  setmetatable(P, named)",
+        # The helpers lead to this pool's names (set again only when the
+        # call's pool is another than the last call's); the state (made
+        # with the metatable `N` below) to the helpers.
+        "  if named ~= NAMED_LAST then",
+        "    setmetatable(P, named)",
+        "    NAMED_LAST = named",
+        "  end",
         "  local N = HELPERS",
         call_mark + call,
         "  return P",
