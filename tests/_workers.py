@@ -852,6 +852,26 @@ class Proc:
         assert got == kind, f"worker {self.pid}: expected {kind!r}, got {(got, payload)!r}"
         return payload
 
+    def expect_each(self, kinds: tuple[str, ...], timeout: float = 30.0) -> dict[str, Any]:
+        """The next reports, one of each of ``kinds`` in any order (two
+        threads of a worker report them); their payloads by kind."""
+        got: dict[str, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < len(kinds):
+            try:
+                kind, payload = self.outbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.dump()
+                raise AssertionError(
+                    f"worker {self.pid} sent {sorted(got)} of {sorted(kinds)} within {timeout} s "
+                    f"(alive: {self.process.is_alive()})"
+                ) from None
+            assert kind in kinds and kind not in got, (
+                f"worker {self.pid}: expected one of each of {kinds!r}, got {(kind, payload)!r}"
+            )
+            got[kind] = payload
+        return got
+
     def until(self, kind: str, timeout: float = 30.0) -> Any:
         """Skip reports until one of ``kind``; returns its payload."""
         deadline = time.monotonic() + timeout
