@@ -23,6 +23,7 @@ from helpers import Stepper, queued
 from allocator import FairAllocator
 from allocator._core.keys import KEY_SUFFIXES
 from allocator._scripts import (
+    _GLOBAL_READ,
     FUNCTIONS,
     LIBRARY_LOCALS,
     OPERATIONS,
@@ -83,8 +84,7 @@ def test_the_library_reads_the_globals_it_calls_once() -> None:
     holds one of the names."""
     text = scripts().library
     code = "\n".join(line.split("--")[0] for line in text.split("\n"))
-    names = "|".join(re.escape(name) for name in LIBRARY_LOCALS)
-    read = re.compile(rf"(?<![\w.:])({names})(?![\w.])")
+    read = _GLOBAL_READ  # a read of one of LIBRARY_LOCALS' names
     lines = [line for line in code.split("\n") if read.search(line)]
     assert len(lines) == 1 and lines[0].strip().startswith("redis.call, redis.pcall,")
     # Every name the line reads, in the order of the locals it sets.
